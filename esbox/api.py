@@ -1,0 +1,84 @@
+"""``esbox.optimize``: minimize or maximize a black-box function of a vector with any strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from esbox.evaluation import FunctionEvaluator
+from esbox.registry import make_strategy
+from esbox.runner import Budget, Callback, Runner
+from esbox.space import DEFAULT_CHUNK_SIZE, VectorSpace
+
+
+@dataclass
+class Result:
+    """What a run found and why it stopped."""
+
+    x: np.ndarray
+    best_x: np.ndarray | None
+    best_value: float
+    evaluations: int
+    steps: int
+    stop_reason: str
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def optimize(
+    fn: Callable[[np.ndarray], Any],
+    x0: np.ndarray | Sequence[float],
+    strategy: str = "copes",
+    *,
+    budget: int | Budget | None = None,
+    max_steps: int | None = None,
+    max_time: float | None = None,
+    minimize: bool = True,
+    seed: int = 0,
+    batched: bool = False,
+    batch_size: int = 64,
+    dtype: str = "float64",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    callbacks: Sequence[Callback] = (),
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 10,
+    resume: str | Path | None = None,
+    progress: bool = False,
+    **strategy_options: Any,
+) -> Result:
+    """Optimize ``fn`` from ``x0`` with strategy ``strategy``.
+
+    ``budget`` counts evaluations (or pass a ``Budget``); ``max_steps``/``max_time`` add step and
+    wall-time limits. ``fn`` takes one vector, or a (B, d) batch when ``batched``. With
+    ``resume=DIR`` the run continues bit-identically from the newest checkpoint in DIR.
+    """
+    if not isinstance(budget, Budget):
+        budget = Budget(max_evaluations=budget, max_steps=max_steps, max_seconds=max_time)
+    space = VectorSpace(x0, dtype=dtype, chunk_size=chunk_size)
+    es = make_strategy(strategy, space, seed=seed, **strategy_options)
+    evaluator = FunctionEvaluator(fn, minimize=minimize, batched=batched, batch_size=batch_size)
+    runner = Runner(
+        space,
+        es,
+        evaluator,
+        budget,
+        callbacks=callbacks,
+        checkpoint_dir=checkpoint_dir or resume,
+        checkpoint_every=checkpoint_every if (checkpoint_dir or resume) else 0,
+        progress=progress,
+    )
+    if resume is not None:
+        runner.resume(resume)
+    reason = runner.run()
+    return Result(
+        x=space.vector.copy(),
+        best_x=evaluator.best_x,
+        best_value=evaluator.best_value,
+        evaluations=runner.evaluations,
+        steps=es.step,
+        stop_reason=reason,
+        history=runner.history,
+    )

@@ -1,0 +1,82 @@
+"""Atomic checkpoints: tensors in safetensors, the rest in JSON; nothing is ever unpickled.
+
+Layout: ``DIR/step-00000010/{tensors.safetensors,state.json}`` plus ``DIR/latest`` naming the
+newest. A checkpoint is written to a temporary folder and renamed into place, and ``latest``
+is replaced atomically, so a crash mid-write leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+LATEST = "latest"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(
+    directory: str | os.PathLike,
+    step: int,
+    tensors: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    keep: int | None = None,
+) -> Path:
+    """Write one checkpoint atomically and point ``latest`` at it; keep the newest ``keep``."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:08d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(state))
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_atomic(root / LATEST, name)
+    if keep is not None:
+        for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+            shutil.rmtree(old)
+    return final
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path:
+    """The newest complete checkpoint in ``directory`` (FileNotFoundError if there is none)."""
+    root = Path(directory)
+    pointer = root / LATEST
+    if pointer.is_file():
+        candidate = root / pointer.read_text().strip()
+        if (candidate / "state.json").is_file():
+            return candidate
+    found = sorted(p for p in root.glob("step-*") if (p / "state.json").is_file())
+    if not found:
+        raise FileNotFoundError(f"no checkpoint found in {root}")
+    return found[-1]
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors and JSON state of one checkpoint folder (or the newest one in a directory)."""
+    path = Path(path)
+    if not (path / "state.json").is_file():
+        path = latest_checkpoint(path)
+    return load_file(str(path / "tensors.safetensors")), json.loads(
+        (path / "state.json").read_text()
+    )

@@ -1,0 +1,87 @@
+"""Typed option dataclasses: every option has a default, a type, a help text and a check."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, get_type_hints
+
+from esbox.errors import ConfigError, unknown_key_message
+
+
+def option(
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    minimum: float | None = None,
+    exclusive_minimum: bool = False,
+) -> Any:
+    """A dataclass field carrying its help text, allowed choices and lower bound."""
+    meta = {"help": help, "choices": choices, "minimum": minimum, "exclusive": exclusive_minimum}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _accepts(value: Any, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(value, arg) for arg in typing.get_args(hint))
+    if origin is not None:
+        return isinstance(value, origin)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def build_options(cls: type, values: dict[str, Any], where: str = "option") -> Any:
+    """Instantiate option dataclass ``cls`` from ``values``, naming any bad key or value."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            raise ConfigError(unknown_key_message(where, key, fields))
+    hints = get_type_hints(cls)
+    for key, value in values.items():
+        meta = fields[key].metadata
+        if not _accepts(value, hints[key]):
+            raise ConfigError(
+                f"{where} '{key}' must be of type {_type_name(hints[key])}, got {value!r}"
+            )
+        if meta.get("choices") and value not in meta["choices"]:
+            raise ConfigError(
+                f"{where} '{key}' is '{value}'; allowed: {', '.join(meta['choices'])}"
+            )
+        low = meta.get("minimum")
+        if low is not None and isinstance(value, (int, float)):
+            bad = value <= low if meta.get("exclusive") else value < low
+            if bad:
+                rel = ">" if meta.get("exclusive") else ">="
+                raise ConfigError(f"{where} '{key}' must be {rel} {low}, got {value}")
+    return cls(**values)
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def describe_options(cls: type) -> list[dict[str, Any]]:
+    """Name, type, default, help and choices of every option (for ``esbox strategies``)."""
+    hints = get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        rows.append(
+            {
+                "name": f.name,
+                "type": _type_name(hints[f.name]),
+                "default": default,
+                "help": f.metadata.get("help", ""),
+                "choices": f.metadata.get("choices"),
+            }
+        )
+    return rows

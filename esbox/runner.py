@@ -1,0 +1,198 @@
+"""The ES loop: ask -> evaluate under perturbation -> tell -> apply, with budget and checkpoints."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from esbox.checkpoint import load_checkpoint, save_checkpoint
+from esbox.errors import ConfigError, ResumeError
+from esbox.evaluation import Evaluator
+from esbox.space import ParameterSpace
+from esbox.strategy import Strategy
+
+Callback = Callable[["Runner", dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When to stop: after this many evaluations, steps or seconds (whichever comes first)."""
+
+    max_evaluations: int | None = None
+    max_steps: int | None = None
+    max_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        values = {
+            "max_evaluations": self.max_evaluations,
+            "max_steps": self.max_steps,
+            "max_seconds": self.max_seconds,
+        }
+        if all(v is None for v in values.values()):
+            raise ConfigError("a budget needs max_evaluations, max_steps or max_seconds")
+        for key, value in values.items():
+            if value is not None and value <= 0:
+                raise ConfigError(f"budget {key} must be > 0, got {value}")
+
+
+class Runner:
+    """Drives one run; owns the evaluation count, wall time, metrics history and checkpoints.
+
+    A callback ``cb(runner, metrics)`` runs after every step; returning True stops the run.
+    Every ``checkpoint_every`` steps (and on Ctrl-C) the full state is written atomically.
+    """
+
+    def __init__(
+        self,
+        space: ParameterSpace,
+        strategy: Strategy,
+        evaluator: Evaluator,
+        budget: Budget,
+        *,
+        callbacks: Sequence[Callback] = (),
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 0,
+        keep_checkpoints: int | None = 3,
+        progress: bool = False,
+    ) -> None:
+        if checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+        self.space, self.strategy, self.evaluator, self.budget = space, strategy, evaluator, budget
+        self.callbacks = list(callbacks)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.checkpoint_every = checkpoint_every
+        self.keep_checkpoints = keep_checkpoints
+        self.progress = progress
+        self.evaluations = 0
+        self.elapsed = 0.0
+        self.history: list[dict[str, Any]] = []
+        self.stop_reason: str | None = None
+
+    # -- stopping ------------------------------------------------------------------------------
+    def _budget_reason(self) -> str | None:
+        b = self.budget
+        if b.max_steps is not None and self.strategy.step >= b.max_steps:
+            return "max_steps"
+        population = len(self.strategy.ask())
+        if b.max_evaluations is not None and self.evaluations + population > b.max_evaluations:
+            return "max_evaluations"
+        if b.max_seconds is not None and self.elapsed >= b.max_seconds:
+            return "max_seconds"
+        return None
+
+    # -- one step ----------------------------------------------------------------------------------
+    def step(self) -> dict[str, Any]:
+        """One generation; returns its metrics (also appended to ``history``)."""
+        start = time.perf_counter()
+        perturbations = self.strategy.ask()
+        rewards = self.evaluator.evaluate(self.space, perturbations)
+        update = self.strategy.tell(rewards)
+        update_norm = self.space.apply(update)
+        self.evaluations += len(perturbations)
+        self.elapsed += time.perf_counter() - start
+        metrics = dict(self.strategy.metrics)
+        metrics.update(
+            evaluations=self.evaluations, wall_seconds=self.elapsed, update_norm=update_norm
+        )
+        best = getattr(self.evaluator, "best_value", None)
+        if best is not None:
+            metrics["best_value"] = best
+        self.history.append(metrics)
+        return metrics
+
+    def run(self) -> str:
+        """Run until the budget or a callback stops it; returns the stop reason."""
+        bar = self._progress_bar()
+        try:
+            while (reason := self._budget_reason()) is None:
+                metrics = self.step()
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(
+                        best=f"{metrics.get('best_value', metrics['best_reward']):.4g}",
+                        evals=self.evaluations,
+                    )
+                stop = any([bool(cb(self, metrics)) for cb in self.callbacks])
+                if self.checkpoint_every and self.strategy.step % self.checkpoint_every == 0:
+                    self.save()
+                if stop:
+                    reason = "callback"
+                    break
+        except KeyboardInterrupt:
+            self.stop_reason = "interrupted"
+            if self.checkpoint_dir is not None:
+                self.save()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        self.stop_reason = reason
+        if self.checkpoint_dir is not None and self.checkpoint_every:
+            self.save()
+        return reason
+
+    def _progress_bar(self) -> Any:
+        if not self.progress:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(
+            total=self.budget.max_steps, initial=self.strategy.step, unit="step", dynamic_ncols=True
+        )
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(tensors, JSON state) of the whole run."""
+        tensors = dict(self.space.state_dict())
+        evaluator_state: dict[str, Any] = {}
+        if hasattr(self.evaluator, "state_dict"):
+            evaluator_state = dict(self.evaluator.state_dict())
+            for key, value in evaluator_state.pop("tensors", {}).items():
+                tensors[f"evaluator.{key}"] = value
+        state = {
+            "strategy": self.strategy.state_dict(),
+            "evaluator": evaluator_state,
+            "runner": {
+                "evaluations": self.evaluations,
+                "elapsed": self.elapsed,
+                "history": self.history,
+            },
+            "next_seeds": self.strategy.peek_seeds(),
+        }
+        return tensors, state
+
+    def save(self) -> Path:
+        """Write a checkpoint of the current step to ``checkpoint_dir``."""
+        if self.checkpoint_dir is None:
+            raise ConfigError("this run has no checkpoint_dir")
+        tensors, state = self.state()
+        return save_checkpoint(
+            self.checkpoint_dir, self.strategy.step, tensors, state, keep=self.keep_checkpoints
+        )
+
+    def resume(self, path: str | Path) -> None:
+        """Load the newest checkpoint under ``path`` and check the seed stream matches it."""
+        tensors, state = load_checkpoint(path)
+        self.strategy.load_state_dict(state["strategy"])
+        if self.strategy.peek_seeds() != state["next_seeds"]:
+            raise ResumeError(
+                "the seed stream regenerated from the checkpoint does not match "
+                "the recorded one; was it written by another numpy version?"
+            )
+        self.space.load_state_dict(
+            {k: v for k, v in tensors.items() if not k.startswith("evaluator.")}
+        )
+        if hasattr(self.evaluator, "load_state_dict"):
+            evaluator_state = dict(state["evaluator"])
+            evaluator_state["tensors"] = {
+                k.removeprefix("evaluator."): v
+                for k, v in tensors.items()
+                if k.startswith("evaluator.")
+            }
+            self.evaluator.load_state_dict(evaluator_state)
+        runner = state["runner"]
+        self.evaluations, self.elapsed = int(runner["evaluations"]), float(runner["elapsed"])
+        self.history = list(runner["history"])

@@ -1,0 +1,284 @@
+"""Parameter spaces: own the parameters, realise perturbation and update specs by seed replay.
+
+A space walks its tensors in a fixed chunk layout. Peak extra memory for perturb, restore and
+update is one chunk of noise plus an exact backup (fp32/fp64 weights) or an fp32 master copy
+(bf16/fp16 weights, so small updates are not rounded away).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from esbox.noise import NOISE_DTYPE, derive_seed, fill_noise
+from esbox.optimizers import ChunkOptimizer, validate_optimizer
+from esbox.partition import chunk_labels
+from esbox.specs import Perturbation, Update
+
+DEFAULT_CHUNK_SIZE = 1 << 22
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A contiguous slice ``[start, stop)`` of flat tensor ``tensor_index``."""
+
+    tensor_index: int
+    chunk_index: int
+    start: int
+    stop: int
+    global_start: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+
+def chunk_layout(numels: Sequence[int], chunk_size: int) -> list[Chunk]:
+    """Split each tensor into chunks of at most ``chunk_size`` elements (never across tensors)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    chunks, offset = [], 0
+    for t, numel in enumerate(numels):
+        for c, start in enumerate(range(0, numel, chunk_size)):
+            stop = min(start + chunk_size, numel)
+            chunks.append(Chunk(t, c, start, stop, offset + start))
+        offset += numel
+    return chunks
+
+
+class ParameterSpace:
+    """Parameters held as flat tensors, perturbed and updated chunk by chunk by seed replay.
+
+    Subclasses hand over the tensors (``VectorSpace`` a vector, the torch adapter a module's
+    weights). Tensors are edited in place, so their storage addresses never change.
+    """
+
+    def __init__(
+        self,
+        tensors: Sequence[torch.Tensor],
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        backup_device: torch.device | str = "cpu",
+    ) -> None:
+        self._flat = [t.detach().view(-1) for t in tensors]
+        self.chunk_size = chunk_size
+        self.chunks = chunk_layout([t.numel() for t in self._flat], chunk_size)
+        self.backup_device = torch.device(backup_device)
+        self._master = {
+            i: t.to(device=self.backup_device, dtype=torch.float32, copy=True)
+            for i, t in enumerate(self._flat)
+            if t.dtype in LOW_PRECISION
+        }
+        self._backup: dict[int, torch.Tensor] | None = None
+        self._optimizer = ChunkOptimizer()
+        self._noise = torch.empty(0, dtype=NOISE_DTYPE)
+        self._perturbed = False
+
+    @property
+    def dimension(self) -> int:
+        """Number of scalar parameters in the space."""
+        return sum(t.numel() for t in self._flat)
+
+    # -- exact backup -------------------------------------------------------------------------
+    def _ensure_backup(self) -> None:
+        """Back up full-precision tensors once per step (low-precision ones have a master)."""
+        if self._backup is None:
+            self._backup = {
+                i: t.to(device=self.backup_device, copy=True)
+                for i, t in enumerate(self._flat)
+                if i not in self._master
+            }
+
+    def _reference(self, tensor_index: int) -> torch.Tensor:
+        """The exact unperturbed values of a tensor: its fp32 master or its backup."""
+        if tensor_index in self._master:
+            return self._master[tensor_index]
+        assert self._backup is not None
+        return self._backup[tensor_index]
+
+    def _restore(self) -> None:
+        for i, flat in enumerate(self._flat):
+            flat.copy_(self._reference(i))
+        self._perturbed = False
+
+    # -- replayed noise -------------------------------------------------------------------------
+    def _noise_buffer(self, numel: int, device: torch.device) -> torch.Tensor:
+        if self._noise.numel() < numel or self._noise.device != device:
+            largest = max(chunk.numel for chunk in self.chunks)
+            self._noise = torch.empty(max(numel, largest), dtype=NOISE_DTYPE, device=device)
+        return self._noise[:numel]
+
+    def _chunk_noise(
+        self, chunk: Chunk, run_seed: int, step: int, seed: int, device: torch.device
+    ) -> torch.Tensor:
+        """The fp32 noise of one member on one chunk, in a reused buffer."""
+        out = self._noise_buffer(chunk.numel, device)
+        return fill_noise(
+            out, derive_seed(run_seed, step, seed, chunk.tensor_index, chunk.chunk_index)
+        )
+
+    @staticmethod
+    def _labels(
+        chunk: Chunk, run_seed: int, step: int, num_subspaces: int, device: torch.device
+    ) -> torch.Tensor:
+        return chunk_labels(
+            run_seed,
+            step,
+            num_subspaces,
+            chunk.tensor_index,
+            chunk.chunk_index,
+            chunk.numel,
+            chunk.global_start,
+            device,
+        )
+
+    def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
+        """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32; the buffer is reused)."""
+        p = perturbation
+        for chunk in self.chunks:
+            device = self._flat[chunk.tensor_index].device
+            eps = self._chunk_noise(chunk, p.run_seed, p.step, p.seed, device)
+            if p.num_subspaces > 1:
+                mask = (
+                    self._labels(chunk, p.run_seed, p.step, p.num_subspaces, device) == p.subspace
+                )
+                eps.mul_(mask)
+            yield chunk, eps.mul_(p.scale)
+
+    # -- perturb / restore ------------------------------------------------------------------
+    @contextmanager
+    def perturbed(self, perturbation: Perturbation) -> Iterator[ParameterSpace]:
+        """Hold the parameters at ``theta + perturbation`` and restore them exactly on exit.
+
+        Restoration copies from the backup (or fp32 master) even when the body raises, so a
+        failing evaluation never leaves perturbed weights behind.
+        """
+        if self._perturbed:
+            raise RuntimeError("perturbed() does not nest: the space is already perturbed")
+        self._ensure_backup()
+        self._perturbed = True
+        try:
+            for chunk, delta in self.noise(perturbation):
+                flat = self._flat[chunk.tensor_index]
+                ref = self._reference(chunk.tensor_index)[chunk.start : chunk.stop]
+                target = flat[chunk.start : chunk.stop]
+                if flat.dtype == torch.float32 and ref.device == flat.device:
+                    torch.add(ref, delta, out=target)
+                else:
+                    dtype = torch.promote_types(ref.dtype, delta.dtype)
+                    target.copy_(ref.to(device=delta.device, dtype=dtype, copy=True).add_(delta))
+            yield self
+        finally:
+            self._restore()
+
+    # -- updates -------------------------------------------------------------------------------
+    def apply(self, update: Update) -> float:
+        """Apply an update by replay; returns the L2 norm of the parameter change."""
+        if self._perturbed:
+            raise RuntimeError("cannot apply an update while the space is perturbed")
+        validate_optimizer(update.optimizer)
+        self._optimizer.begin()
+        by_partition: dict[int, list] = {}
+        for term in update.terms:
+            by_partition.setdefault(term.num_subspaces, []).append(term)
+        squared = 0.0
+        for chunk in self.chunks:
+            flat = self._flat[chunk.tensor_index]
+            theta = self._master.get(chunk.tensor_index, flat)[chunk.start : chunk.stop]
+            acc_dtype = torch.float64 if theta.dtype == torch.float64 else torch.float32
+            grad = torch.zeros(chunk.numel, dtype=acc_dtype, device=flat.device)
+            for num_subspaces, terms in by_partition.items():
+                labels = (
+                    self._labels(chunk, update.run_seed, update.step, num_subspaces, flat.device)
+                    if num_subspaces > 1
+                    else None
+                )
+                for term in terms:
+                    eps = self._chunk_noise(
+                        chunk, update.run_seed, update.step, term.seed, flat.device
+                    )
+                    if labels is not None:
+                        eps.mul_(labels == term.subspace)
+                    grad.add_(eps.to(acc_dtype), alpha=term.coefficient)
+            delta = self._optimizer.delta(
+                update.optimizer,
+                chunk.tensor_index,
+                flat.numel(),
+                chunk.start,
+                theta,
+                grad,
+                update.learning_rate,
+            )
+            squared += float(delta.double().square().sum())
+            theta.add_(delta.to(device=theta.device, dtype=theta.dtype))
+            if chunk.tensor_index in self._master:
+                flat[chunk.start : chunk.stop].copy_(theta)
+        self._backup = None
+        return math.sqrt(squared)
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters, fp32 masters and optimizer state as named CPU tensors (safetensors-ready)."""
+        out = {f"param.{i}": t.detach().cpu().clone() for i, t in enumerate(self._flat)}
+        out.update({f"master.{i}": m.detach().cpu().clone() for i, m in self._master.items()})
+        out.update({k: v.detach().cpu().clone() for k, v in self._optimizer.state_dict().items()})
+        out["optimizer_steps"] = torch.tensor([self._optimizer.steps], dtype=torch.int64)
+        return out
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load in place (storage addresses are kept); shapes and dtypes must match."""
+        for i, flat in enumerate(self._flat):
+            saved = tensors[f"param.{i}"]
+            if saved.shape != flat.shape or saved.dtype != flat.dtype:
+                raise ValueError(
+                    f"tensor {i}: checkpoint has {tuple(saved.shape)} {saved.dtype}, "
+                    f"space has {tuple(flat.shape)} {flat.dtype}"
+                )
+            flat.copy_(saved)
+        for i, master in self._master.items():
+            master.copy_(tensors[f"master.{i}"])
+        optimizer = {
+            k: v.to(self._flat[int(k.rsplit(".", 1)[1])].device)
+            for k, v in tensors.items()
+            if k.startswith("optimizer.")
+        }
+        self._optimizer.load_state_dict(optimizer, int(tensors["optimizer_steps"][0]))
+        self._backup = None
+
+
+class VectorSpace(ParameterSpace):
+    """A flat float32 or float64 vector, for black-box functions of R^d."""
+
+    def __init__(
+        self,
+        x0: np.ndarray | Sequence[float] | torch.Tensor,
+        *,
+        dtype: str | torch.dtype = "float64",
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+    ) -> None:
+        torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if torch_dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"VectorSpace dtype must be float32 or float64, got {dtype}")
+        x = torch.as_tensor(np.asarray(x0, dtype=np.float64)).to(torch_dtype).reshape(-1).clone()
+        if x.numel() == 0:
+            raise ValueError("x0 must have at least one element")
+        if not torch.isfinite(x).all():
+            raise ValueError("x0 must be finite")
+        self._x = x
+        super().__init__([x], chunk_size=chunk_size)
+
+    @property
+    def vector(self) -> np.ndarray:
+        """A numpy view of the current (possibly perturbed) vector; copy it to keep it."""
+        return self._x.numpy()
+
+    def materialize(self, perturbation: Perturbation) -> np.ndarray:
+        """A copy of ``theta + perturbation`` (the parameters themselves are left untouched)."""
+        with self.perturbed(perturbation):
+            return self._x.numpy().copy()

@@ -1,0 +1,83 @@
+"""Perturbation and update specs: seeds and scalars only, so they cross the wire for free."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """One population member: noise regenerated from seeds, scaled by a signed ``scale``.
+
+    The realised perturbation is ``scale * mask_k * eps`` where ``eps`` is regenerated from
+    ``(run_seed, step, seed, tensor, chunk)`` and ``mask_k`` selects subspace ``subspace`` of
+    the ``num_subspaces``-way random partition of step ``step`` (no mask when
+    ``num_subspaces == 1``).
+    """
+
+    run_seed: int
+    step: int
+    seed: int
+    scale: float
+    subspace: int = 0
+    num_subspaces: int = 1
+    context: int | None = None
+
+    @property
+    def sign(self) -> float:
+        """+1 or -1: the antithetic side of this member."""
+        return 1.0 if self.scale >= 0 else -1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One noise direction of an update: ``coefficient * mask_k * eps(seed)``."""
+
+    seed: int
+    coefficient: float
+    subspace: int = 0
+    num_subspaces: int = 1
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """Which optimizer turns the estimated gradient into a step, and its hyper-parameters."""
+
+    name: str = "sgd"
+    momentum: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Update:
+    """An ascent step ``theta <- opt(theta, sum_j coefficient_j mask_j eps_j, learning_rate)``.
+
+    Applying the same sequence of updates on any replica gives bit-identical parameters
+    (same layout and device type), because only seeds and scalars are carried.
+    """
+
+    run_seed: int
+    step: int
+    terms: tuple[Term, ...]
+    learning_rate: float
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Update:
+        return cls(
+            run_seed=data["run_seed"],
+            step=data["step"],
+            terms=tuple(Term(**t) for t in data["terms"]),
+            learning_rate=data["learning_rate"],
+            optimizer=OptimizerSpec(**data["optimizer"]),
+        )

@@ -1,0 +1,54 @@
+"""OpenAI-ES (Salimans et al. 2017, "Evolution Strategies as a Scalable Alternative to RL").
+
+eps_i ~ N(0, I), antithetic pairs by default, r_i = F(theta + sigma eps_i), shaped rewards,
+g = sum_i r_i eps_i / (N sigma), theta <- theta + alpha g (SGD, or Adam / weight decay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from esbox.config import option
+from esbox.errors import ConfigError
+from esbox.registry import register
+from esbox.specs import Perturbation, Term
+from esbox.strategy import Strategy, StrategyOptions, gradient_terms
+
+
+@register("openai_es")
+class OpenAIES(Strategy):
+    """Isotropic Gaussian ES with the canonical gradient estimate sum r_i eps_i / (N sigma)."""
+
+    description = "OpenAI-ES: antithetic Gaussian search, canonical gradient estimate"
+
+    @dataclass
+    class Options(StrategyOptions):
+        antithetic: bool = option(True, "evaluate +eps and -eps pairs (needs an even group size)")
+
+    def _validate(self) -> None:
+        if self.options.antithetic and self.options.population % 2:
+            raise ConfigError(
+                f"population must be even with antithetic sampling, got {self.options.population}"
+            )
+
+    def group(
+        self, size: int, scale: float, subspace: int = 0, num_subspaces: int = 1
+    ) -> list[Perturbation]:
+        """``size`` members of one subspace: antithetic pairs (+, -) or independent seeds."""
+        if self.options.antithetic:
+            seeds = self.draw_seeds(size // 2)
+            return [
+                self.member(s, sign * scale, subspace, num_subspaces)
+                for s in seeds
+                for sign in (1.0, -1.0)
+            ]
+        return [self.member(s, scale, subspace, num_subspaces) for s in self.draw_seeds(size)]
+
+    def _ask(self, sigma: float) -> list[Perturbation]:
+        return self.group(self.options.population, sigma)
+
+    def _terms(self, perturbations: Sequence[Perturbation], shaped: np.ndarray) -> list[Term]:
+        return gradient_terms(perturbations, shaped)
