@@ -1,0 +1,1 @@
+"""Adapters: what the core plugs into (benchmark functions, torch/LLM weight spaces, tasks, backends)."""
