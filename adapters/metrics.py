@@ -1,4 +1,4 @@
-"""Evaluation metrics for verifiable-reward tasks: accuracy, mean reward, unbiased pass@k.
+"""Answer checking and evaluation metrics: math/QA/integer matching, accuracy, pass@k.
 
 pass@k follows Chen et al. 2021 ("Evaluating Large Language Models Trained on
 Code"): with ``n`` samples of which ``c`` are correct, the unbiased estimate is
@@ -8,8 +8,116 @@ Code"): with ``n`` samples of which ``c`` are correct, the unbiased estimate is
 
 from __future__ import annotations
 
+import collections
+import logging
 import math
+import re
+import string
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_INTEGER = re.compile(r"-?\d+")
+
+
+# --------------------------------------------------------------------------- answer checking
+
+
+def gsm8k_final_answer(answer: str) -> str:
+    """The final answer of a GSM8K-style solution (text after the last ``####``), commas removed."""
+    text = answer.rsplit("####", 1)[-1] if "####" in answer else answer
+    return text.strip().replace(",", "")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth = 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
+
+
+def last_number(text: str) -> str | None:
+    found = _NUMBER.findall(text)
+    return found[-1] if found else None
+
+
+def _normalize_answer(text: str) -> str:
+    t = text.strip().strip("$").strip().rstrip(".").replace(",", "").replace(" ", "")
+    t = re.sub(r"^\\text\{(.*)\}$", r"\1", t)
+    try:
+        value = float(t)
+    except ValueError:
+        return t
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def fallback_match(completion: str, gold: str) -> bool:
+    """Without math-verify: the last boxed content (else the last number) equals the gold."""
+    pred = last_boxed(completion)
+    if pred is None:
+        pred = last_number(completion)
+    return pred is not None and _normalize_answer(pred) == _normalize_answer(gold)
+
+
+def math_verify_available() -> bool:
+    try:
+        import math_verify  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def math_verify_match(completion: str, gold: str) -> bool:
+    """``math-verify`` equivalence, thread-safe (its signal-based timeouts are off)."""
+    from math_verify import parse, verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    wrapped = gold if "$" in gold or "\\boxed" in gold else f"${gold}$"
+    gold_parsed = parse(wrapped, parsing_timeout=None)
+    pred_parsed = parse(completion, parsing_timeout=None)
+    if not gold_parsed or not pred_parsed:
+        return False
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def normalize_qa(text: str) -> str:
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_qa(prediction) == normalize_qa(gold))
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """SQuAD token F1 between a prediction and one gold answer."""
+    pred, ref = normalize_qa(prediction).split(), normalize_qa(gold).split()
+    if not pred or not ref:
+        return float(pred == ref)
+    common = collections.Counter(pred) & collections.Counter(ref)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def first_integer(text: str) -> int | None:
+    found = _INTEGER.search(text)
+    return int(found.group()) if found else None
+
+
+# --------------------------------------------------------------------------- aggregate metrics
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -50,26 +158,72 @@ def mean_reward(rewards: Iterable[float]) -> float:
 
 
 def summarize(
-    rewards: Sequence[Sequence[float]],
+    correct: Sequence[Sequence[bool]],
+    rewards: Sequence[Sequence[float]] | None = None,
     *,
     ks: Iterable[int] = (1,),
-    threshold: float = 1.0,
 ) -> dict[str, float]:
-    """Metrics for ``rewards[problem][sample]``.
+    """Metrics for ``correct[problem][sample]`` (and the matching ``rewards``).
 
-    Returns ``accuracy`` (first sample per problem: the greedy one when
-    sampling is off), ``mean_reward`` (all samples) and ``pass@k`` for each
-    ``k`` not larger than the smallest number of samples per problem.
+    ``accuracy`` uses the first sample of each problem (the greedy one when
+    sampling is off); ``mean_reward`` averages all samples; ``pass@k`` is
+    reported for each ``k`` up to the smallest number of samples per problem.
     """
-    if not rewards or any(len(s) == 0 for s in rewards):
+    if not correct or any(len(s) == 0 for s in correct):
         raise ValueError("every problem needs at least one sample")
-    correct = [[float(r) >= threshold for r in s] for s in rewards]
-    out = {
-        "accuracy": accuracy(s[0] for s in correct),
-        "mean_reward": mean_reward(r for s in rewards for r in s),
-    }
-    n_min = min(len(s) for s in rewards)
+    out = {"accuracy": accuracy(bool(s[0]) for s in correct)}
+    if rewards is not None:
+        out["mean_reward"] = mean_reward(r for s in rewards for r in s)
+    n_min = min(len(s) for s in correct)
     for k in ks:
         if 1 <= k <= n_min:
             out[f"pass@{k}"] = mean_pass_at_k(correct, k)
     return out
+
+
+def evaluate(
+    task: Any,
+    backend: Any,
+    *,
+    split: str = "heldout",
+    limit: int | None = None,
+    num_samples: int = 1,
+    greedy: bool | None = None,
+    seed: int | None = 0,
+    max_new_tokens: int | None = None,
+    ks: Iterable[int] | None = None,
+    batch_size: int | None = 64,
+) -> dict[str, float]:
+    """Score the model behind ``backend`` on a task split: accuracy, mean reward, pass@k.
+
+    Greedy when ``num_samples == 1`` unless told otherwise; with several
+    samples, ``pass@k`` is reported for k = 1, 2, 4, ... up to ``num_samples``.
+    Prompts go to the backend ``batch_size`` at a time.
+    """
+    examples = task.split(split)[:limit]
+    if greedy is None:
+        greedy = num_samples == 1
+    if ks is None:
+        ks = sorted(
+            {1, num_samples}
+            | {2**i for i in range(num_samples.bit_length()) if 2**i <= num_samples}
+        )
+    step = batch_size or len(examples)
+    completions: list[str] = []
+    for i in range(0, len(examples), step):
+        chunk = examples[i : i + step]
+        completions += backend.generate(
+            [e.prompt for e in chunk],
+            prefills=[e.prefill for e in chunk],
+            max_new_tokens=max_new_tokens or task.max_new_tokens,
+            greedy=greedy,
+            seed=None if seed is None else seed + i,
+            stop=list(task.stop) or None,
+            num_samples=num_samples,
+        )
+    correct, rewards = [], []
+    for j, ex in enumerate(examples):
+        outs = completions[j * num_samples : (j + 1) * num_samples]
+        correct.append([task.is_correct(c, ex) for c in outs])
+        rewards.append([task.reward(c, ex) for c in outs])
+    return {**summarize(correct, rewards, ks=ks), "n": float(len(examples))}

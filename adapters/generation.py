@@ -1,0 +1,254 @@
+"""Generation backends: turn prompts into completions with the model as it is right now.
+
+ES edits the weights in place between calls, so a backend never caches
+weights or KV state across calls. :class:`HFBackend` is the embedded default
+(transformers, CPU or GPU): one batched ``generate`` per call, left padding,
+chat templates plus an assistant prefill, greedy by default, all under
+``torch.inference_mode()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from .models import require_transformers
+
+Message = Mapping[str, str]
+Prompt = str | Sequence[Message]
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """What an evaluator needs from a generator.
+
+    ``generate`` returns ``len(prompts) * num_samples`` completions, prompt-major
+    (the samples of prompt ``i`` are at ``i * num_samples ... + num_samples - 1``).
+    A completion is the generated text only: neither the prompt nor the prefill.
+    """
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        prefills: Sequence[str | None] | None = None,
+        max_new_tokens: int = 64,
+        greedy: bool = True,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        num_samples: int = 1,
+    ) -> list[str]: ...
+
+
+def truncate_at_stop(text: str, stop: Sequence[str] | None) -> str:
+    """Cut ``text`` at the earliest occurrence of any stop string (the stop string is dropped)."""
+    if not stop:
+        return text
+    cut = min((i for s in stop if s and (i := text.find(s)) >= 0), default=len(text))
+    return text[:cut]
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix shared by all sequences."""
+    if not seqs:
+        return 0
+    first, n = seqs[0], min(len(s) for s in seqs)
+    for i in range(n):
+        t = first[i]
+        if any(s[i] != t for s in seqs):
+            return i
+    return n
+
+
+class HFBackend:
+    """Batched generation with a transformers causal LM.
+
+    * Chat prompts (lists of ``{"role", "content"}``) go through the tokenizer's
+      chat template with ``add_generation_prompt=True``; plain strings are used
+      as they are. The per-prompt prefill is appended after either.
+    * ``batch_size=None`` sends all prompts (times ``num_samples``) in one
+      ``generate`` call, the fastest on CPU.
+    * ``share_prefix=True`` runs the token prefix that all prompts of a batch
+      share (system prompt, template, instruction) once and reuses its KV cache
+      for every row; rows are laid out as ``[prefix][padding][rest]`` with the
+      padding masked. The cache lives for one call only.
+    * Sampling with ``seed`` forks the torch RNG, so the global RNG is untouched;
+      sampled outputs depend on the batch composition, greedy ones do not.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int | None = None,
+        share_prefix: bool = True,
+        min_shared_prefix: int = 4,
+        chat_template: str | None = None,
+    ) -> None:
+        require_transformers()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.share_prefix = share_prefix
+        self.min_shared_prefix = min_shared_prefix
+        self.chat_template = chat_template
+        self.last_stats: dict[str, float] = {}
+        self._eos_ids = self._collect_eos_ids()
+        pad = tokenizer.pad_token_id
+        self._pad_id = pad if pad is not None else (min(self._eos_ids) if self._eos_ids else 0)
+
+    def _collect_eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        gen_cfg = getattr(self.model, "generation_config", None)
+        for source in (getattr(gen_cfg, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source is not None:
+                ids.update(int(i) for i in source)
+        return ids
+
+    def render(self, prompt: Prompt, prefill: str | None = None) -> str:
+        """The exact text fed to the model for one prompt (template + prefill)."""
+        if isinstance(prompt, str):
+            text = prompt
+        else:
+            kwargs = {"chat_template": self.chat_template} if self.chat_template else {}
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in prompt], tokenize=False, add_generation_prompt=True, **kwargs
+            )
+        return text + (prefill or "")
+
+    def encode(self, prompt: Prompt, prefill: str | None = None) -> list[int]:
+        """Token ids of :meth:`render`; special tokens come from the template, not added twice."""
+        text = self.render(prompt, prefill)
+        add_special = isinstance(prompt, str)
+        return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        prefills: Sequence[str | None] | None = None,
+        max_new_tokens: int = 64,
+        greedy: bool = True,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        num_samples: int = 1,
+    ) -> list[str]:
+        """Complete every prompt; see :class:`GenerationBackend` for the output layout."""
+        import torch
+
+        if isinstance(prompts, str):
+            raise TypeError("prompts must be a sequence of prompts, not one string")
+        if prefills is not None and len(prefills) != len(prompts):
+            raise ValueError(f"{len(prefills)} prefills for {len(prompts)} prompts")
+        if num_samples < 1 or max_new_tokens < 1:
+            raise ValueError("num_samples and max_new_tokens must be >= 1")
+        start = time.perf_counter()
+        pre = list(prefills) if prefills is not None else [None] * len(prompts)
+        encoded = [self.encode(p, f) for p, f in zip(prompts, pre, strict=True)]
+        # Greedy samples are identical: decode once per prompt and repeat.
+        reps = 1 if greedy else num_samples
+        rows = [ids for ids in encoded for _ in range(reps)]
+        size = self.batch_size or len(rows) or 1
+        texts: list[str] = []
+        new_tokens = 0
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode())
+            if seed is not None:
+                stack.enter_context(torch.random.fork_rng(devices=self._rng_devices()))
+                torch.manual_seed(seed)
+            for i in range(0, len(rows), size):
+                out, n = self._generate_batch(
+                    rows[i : i + size], max_new_tokens, greedy, temperature, top_p, stop
+                )
+                texts.extend(out)
+                new_tokens += n
+        if reps != num_samples:
+            texts = [t for t in texts for _ in range(num_samples)]
+        self.last_stats = {
+            "seconds": time.perf_counter() - start,
+            "rows": float(len(rows)),
+            "prompt_tokens": float(sum(len(r) for r in rows)),
+            "new_tokens": float(new_tokens),
+        }
+        return texts
+
+    def _rng_devices(self) -> list[Any]:
+        device = self._device()
+        return [device] if device.type == "cuda" else []
+
+    def _device(self) -> Any:
+        import torch
+
+        try:
+            return next(self.model.parameters()).device
+        except StopIteration:  # pragma: no cover - a model without parameters
+            return torch.device("cpu")
+
+    def _generate_batch(
+        self,
+        rows: list[list[int]],
+        max_new_tokens: int,
+        greedy: bool,
+        temperature: float,
+        top_p: float,
+        stop: Sequence[str] | None,
+    ) -> tuple[list[str], int]:
+        import torch
+
+        transformers = require_transformers()
+        device = self._device()
+        shared = common_prefix_len(rows) if self.share_prefix and len(rows) > 1 else 0
+        shared = min(shared, min(len(r) for r in rows) - 1)  # every row keeps >= 1 own token
+        if shared < self.min_shared_prefix:
+            shared = 0
+        tails = [r[shared:] for r in rows]
+        width = max(len(t) for t in tails)
+        ids = torch.full((len(rows), shared + width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        if shared:
+            ids[:, :shared] = torch.tensor(rows[0][:shared])
+            mask[:, :shared] = 1
+        for j, t in enumerate(tails):
+            ids[j, shared + width - len(t) :] = torch.tensor(t)
+            mask[j, shared + width - len(t) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        kwargs: dict[str, Any] = {}
+        if shared:
+            prefix_out = self.model(input_ids=ids[:1, :shared], use_cache=True)
+            cache = getattr(prefix_out, "cache", None) or prefix_out.past_key_values
+            cache.batch_repeat_interleave(len(rows))
+            major = int(transformers.__version__.split(".")[0])
+            kwargs["cache" if major >= 5 else "past_key_values"] = cache
+        config = transformers.GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            temperature=temperature if not greedy else None,
+            top_p=top_p if not greedy else None,
+            top_k=None,
+            num_beams=1,
+            pad_token_id=self._pad_id,
+            eos_token_id=sorted(self._eos_ids) or None,
+        )
+        if stop:
+            config.stop_strings = list(stop)
+            kwargs["tokenizer"] = self.tokenizer
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=config, **kwargs
+        )
+        gen = out[:, ids.shape[1] :].tolist()
+        texts, count = [], 0
+        for seq in gen:
+            end = next((k for k, t in enumerate(seq) if t in self._eos_ids), len(seq))
+            count += end
+            text = self.tokenizer.decode(seq[:end], skip_special_tokens=True)
+            texts.append(truncate_at_stop(text, stop))
+        return texts, count
