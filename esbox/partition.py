@@ -26,7 +26,9 @@ def chunk_labels(
 ) -> torch.Tensor:
     """Subspace label (0..K-1) of every position of one chunk at one step."""
     seed = derive_seed(PARTITION_TAG, run_seed, step, num_subspaces, tensor_index, chunk_index)
-    perm = torch.randperm(numel, generator=chunk_generator(seed, device), device=device)
+    perm = torch.randperm(
+        numel, generator=chunk_generator(seed, device), device=device, dtype=torch.int64
+    )
     return (perm + global_start) % num_subspaces
 
 

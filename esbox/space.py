@@ -79,6 +79,8 @@ class ParameterSpace:
         self._optimizer = ChunkOptimizer()
         self._noise = torch.empty(0, dtype=NOISE_DTYPE)
         self._perturbed = False
+        self._labels_key: tuple[int, int, int] | None = None
+        self._labels_cache: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def dimension(self) -> int:
@@ -123,20 +125,32 @@ class ParameterSpace:
             out, derive_seed(run_seed, step, seed, chunk.tensor_index, chunk.chunk_index)
         )
 
-    @staticmethod
     def _labels(
-        chunk: Chunk, run_seed: int, step: int, num_subspaces: int, device: torch.device
+        self, chunk: Chunk, run_seed: int, step: int, num_subspaces: int, device: torch.device
     ) -> torch.Tensor:
-        return chunk_labels(
-            run_seed,
-            step,
-            num_subspaces,
-            chunk.tensor_index,
-            chunk.chunk_index,
-            chunk.numel,
-            chunk.global_start,
-            device,
-        )
+        """Subspace labels of a chunk, cached for the current step (d bytes at most).
+
+        Every member of a step and its update share one partition, so it is drawn once per
+        chunk and step instead of once per member.
+        """
+        key = (run_seed, step, num_subspaces)
+        if self._labels_key != key:
+            self._labels_key, self._labels_cache = key, {}
+        index = (chunk.tensor_index, chunk.chunk_index)
+        if index not in self._labels_cache:
+            labels = chunk_labels(
+                run_seed,
+                step,
+                num_subspaces,
+                chunk.tensor_index,
+                chunk.chunk_index,
+                chunk.numel,
+                chunk.global_start,
+                device,
+            )
+            small = torch.uint8 if num_subspaces <= 256 else torch.int32
+            self._labels_cache[index] = labels.to(small)
+        return self._labels_cache[index]
 
     def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
         """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32; the buffer is reused)."""
