@@ -239,8 +239,10 @@ class HFBackend:
             eos_token_id=sorted(self._eos_ids) or None,
         )
         if stop:
-            config.stop_strings = list(stop)
-            kwargs["tokenizer"] = self.tokenizer
+            # Our own criterion: HF's stop_strings also match across the prompt/prefill.
+            kwargs["stopping_criteria"] = transformers.StoppingCriteriaList(
+                [_stop_on_text(self.tokenizer, list(stop), ids.shape[1])]
+            )
         out = self.model.generate(
             input_ids=ids, attention_mask=mask, generation_config=config, **kwargs
         )
@@ -252,3 +254,31 @@ class HFBackend:
             text = self.tokenizer.decode(seq[:end], skip_special_tokens=True)
             texts.append(truncate_at_stop(text, stop))
         return texts, count
+
+
+def _stop_on_text(tokenizer: Any, stop: list[str], prompt_len: int) -> Any:
+    """A stopping criterion that ends a row once its *generated* text holds a stop string.
+
+    Each step decodes only a tail window of new tokens (a stop string of ``L``
+    characters spans at most ``L`` tokens that print), so the cost stays linear.
+    """
+    import torch
+
+    transformers = require_transformers()
+    window = max(len(s) for s in stop) + 4
+
+    class StopOnText(transformers.StoppingCriteria):
+        def __init__(self) -> None:
+            self.done: Any = None
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            if self.done is None:
+                self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+            start = max(prompt_len, input_ids.shape[1] - window)
+            for row, seq in enumerate(input_ids[:, start:].tolist()):
+                if not self.done[row]:
+                    text = tokenizer.decode(seq, skip_special_tokens=True)
+                    self.done[row] = any(s in text for s in stop)
+            return self.done.to(input_ids.device)
+
+    return StopOnText()
