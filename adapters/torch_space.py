@@ -1,0 +1,82 @@
+"""The real weights of a ``torch.nn.Module`` as a ParameterSpace (the LLM adapter's core).
+
+Weights are edited in place chunk by chunk, so the module keeps serving forward passes with
+no copy of itself: perturb, evaluate, restore exactly, update by seed replay. bf16/fp16
+weights get an fp32 master copy on the host so that updates of ~1e-5 are not rounded away;
+fp32 weights are backed up once per step. A tied tensor (e.g. embeddings shared with the LM
+head) appears once in ``named_parameters`` and is therefore perturbed once.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+
+import torch
+
+from esbox.space import DEFAULT_CHUNK_SIZE, ParameterSpace
+
+
+def select_parameters(
+    module: torch.nn.Module,
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] = (),
+) -> list[tuple[str, torch.nn.Parameter]]:
+    """Named parameters matching any ``include`` glob (all when None) and no ``exclude`` glob.
+
+    Shared tensors are listed once (``named_parameters`` removes duplicates).
+    """
+    chosen = []
+    for name, param in module.named_parameters():
+        if include is not None and not any(fnmatch.fnmatchcase(name, p) for p in include):
+            continue
+        if any(fnmatch.fnmatchcase(name, p) for p in exclude):
+            continue
+        chosen.append((name, param))
+    if not chosen:
+        names = [n for n, _ in module.named_parameters()][:8]
+        raise ValueError(
+            f"no parameter matches include={include} exclude={list(exclude)}; "
+            f"parameter names look like: {', '.join(names)}"
+        )
+    return chosen
+
+
+class TorchModuleSpace(ParameterSpace):
+    """All (or a name-selected subset of) the parameters of ``module``, perturbed in place.
+
+    ``include``/``exclude`` are glob patterns on parameter names, e.g.
+    ``include=["*.self_attn.*", "*.mlp.*"]``. ``backup_device`` holds the exact backup and
+    the fp32 masters ("cpu" by default; the module's device when it fits and is asked for).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] = (),
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        backup_device: torch.device | str = "cpu",
+    ) -> None:
+        named = select_parameters(module, include, exclude)
+        for name, param in named:
+            if not param.is_contiguous():
+                raise ValueError(
+                    f"parameter {name} is not contiguous; it cannot be edited in place"
+                )
+            if not param.is_floating_point():
+                raise ValueError(
+                    f"parameter {name} has dtype {param.dtype}; only floats can be perturbed"
+                )
+        self.module = module
+        self.names = [name for name, _ in named]
+        with torch.no_grad():
+            super().__init__(
+                [p for _, p in named], chunk_size=chunk_size, backup_device=backup_device
+            )
+
+    def named_state_dict(self) -> dict[str, torch.Tensor]:
+        """The selected parameters by their module names (CPU copies), e.g. to save the model."""
+        params = dict(self.module.named_parameters())
+        return {name: params[name].detach().cpu().clone() for name in self.names}
