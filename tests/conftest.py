@@ -1,0 +1,54 @@
+"""Shared fixtures: one fixture parametrized over the whole strategy registry.
+
+Every strategy registered when the tests start (built-in or from an installed plugin) runs
+through the same contract, convergence and golden tests without anyone writing them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import settings
+
+import esbox
+from esbox.strategy import Strategy
+
+settings.register_profile("esbox", deadline=None, max_examples=60, derandomize=True)
+settings.load_profile("esbox")
+
+STRATEGY_NAMES = sorted(esbox.available_strategies())
+
+# Options every strategy accepts (they are on the shared StrategyOptions), small enough to be
+# cheap. A strategy that needs more to build at this size adds an entry to EXTRA_OPTIONS.
+BASE_OPTIONS: dict[str, Any] = {"population": 8, "sigma": 0.1, "learning_rate": 0.05}
+EXTRA_OPTIONS: dict[str, dict[str, Any]] = {"copes": {"subspaces": 2}}
+
+
+def contract_options(name: str, **overrides: Any) -> dict[str, Any]:
+    """The options the registry-wide tests build strategy ``name`` with."""
+    return {**BASE_OPTIONS, **EXTRA_OPTIONS.get(name, {}), **overrides}
+
+
+@pytest.fixture(params=STRATEGY_NAMES)
+def strategy_name(request: pytest.FixtureRequest) -> str:
+    """The name of each registered strategy in turn."""
+    return request.param
+
+
+@pytest.fixture
+def build_strategy(strategy_name: str):
+    """``build(dimension, seed=0, **overrides)``: the current strategy with contract options."""
+
+    def build(dimension: int = 12, seed: int = 0, **overrides: Any) -> Strategy:
+        options = contract_options(strategy_name, **overrides)
+        return esbox.make_strategy(strategy_name, dimension, seed=seed, **options)
+
+    return build
+
+
+@pytest.fixture
+def x0() -> np.ndarray:
+    """A fixed, seeded starting point in 12 dimensions."""
+    return np.random.default_rng(1234).normal(size=12)
