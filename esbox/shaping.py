@@ -50,11 +50,19 @@ def zscore(rewards: np.ndarray) -> np.ndarray:
     return (r - r.mean()) / std
 
 
+def raw(rewards: np.ndarray) -> np.ndarray:
+    """The rewards unchanged, except that all-equal rewards give zeros (a zero update)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.size < 2 or np.all(r == r[0]):
+        return np.zeros(r.size)
+    return r.copy()
+
+
 def shape(rewards: np.ndarray, method: str, groups: np.ndarray | None = None) -> np.ndarray:
     """Shape rewards jointly, or separately within each group label when ``groups`` is given."""
     if method not in SHAPINGS:
         raise ValueError(f"unknown shaping '{method}' (allowed: {', '.join(SHAPINGS)})")
-    fn = {"centered_ranks": centered_ranks, "zscore": zscore, "raw": np.asarray}[method]
+    fn = {"centered_ranks": centered_ranks, "zscore": zscore, "raw": raw}[method]
     r = np.asarray(rewards, dtype=np.float64)
     if groups is None:
         return np.asarray(fn(r), dtype=np.float64)

@@ -54,8 +54,11 @@ class Strategy(ABC):
         self.options = build_options(self.Options, options, where=f"{self.name} option")
         self.sigma = make_schedule(self.options.sigma, "sigma")
         self.learning_rate = make_schedule(self.options.learning_rate, "learning_rate")
-        if self.sigma(0) <= 0:
-            raise ConfigError(f"sigma must be > 0, got {self.sigma(0)}")
+        # an annealed sigma must not reach 0 either: the gradient estimate divides by it
+        if self.sigma(0) <= 0 or getattr(self.sigma, "end", 1.0) <= 0:
+            raise ConfigError(
+                f"sigma must be > 0 at every step, got {schedule_to_config(self.sigma)}"
+            )
         self.optimizer = OptimizerSpec(
             name=self.options.optimizer,
             momentum=self.options.momentum,
