@@ -1,0 +1,1 @@
+"""The esbox command-line interface."""

@@ -1,0 +1,54 @@
+"""The ``esbox`` command: optimize, resume, report, strategies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from esbox.cli.errors import CLIError
+from esbox.cli.optimize import optimize
+from esbox.cli.report import report
+from esbox.cli.resume import resume
+from esbox.cli.strategies_cmd import strategies
+
+import esbox
+from esbox.errors import ConfigError, ResumeError
+
+
+class _Group(click.Group):
+    """Bad input that slips past a command's own checks still exits 2 without a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (ConfigError, ResumeError) as exc:
+            raise CLIError(str(exc)) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(esbox.__version__, prog_name="esbox")
+def cli() -> None:
+    """esbox: Evolution Strategies for black-box functions and LLM post-training.
+
+    \b
+    Quick start:
+      esbox optimize --strategy copes      # a built-in demo problem, into runs/
+      esbox report runs/copes-*            # plots + a table of final figures
+      esbox resume RUN_DIR                 # continue an interrupted run
+      esbox strategies                     # strategies and their options
+    """
+
+
+cli.add_command(optimize)
+cli.add_command(resume)
+cli.add_command(report)
+cli.add_command(strategies)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="esbox")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""``esbox report``: PNG plots of one or more runs overlaid, and a table of final figures."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from esbox.cli.errors import CLIError
+from esbox.cli.run import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+
+from esbox.runconfig import load_yaml
+from esbox.tracking import read_metrics
+
+X_AXES = (("step", "step"), ("evaluations", "evaluations"))
+
+
+@dataclass
+class RunData:
+    """What a run directory recorded."""
+
+    directory: Path
+    label: str
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any]
+    config: dict[str, Any]
+
+    def best_key(self) -> str:
+        """``best_value`` (objective units) when every step has it, else ``best_reward``."""
+        ok = all(row.get("best_value") is not None for row in self.metrics)
+        return "best_value" if ok else "best_reward"
+
+
+def load_run(directory: Path) -> RunData:
+    """Read metrics.jsonl (required), summary.json and config.yaml (optional) of a run."""
+    if not directory.is_dir():
+        raise CLIError(f"run directory {directory} does not exist")
+    path = directory / METRICS_FILE
+    if not path.is_file():
+        raise CLIError(f"{directory} has no {METRICS_FILE}: is it an esbox run directory?")
+    try:
+        metrics = read_metrics(path)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if not metrics:
+        raise CLIError(f"{path} is empty: the run has not finished a step yet")
+    summary: dict[str, Any] = {}
+    if (directory / SUMMARY_FILE).is_file():
+        summary = json.loads((directory / SUMMARY_FILE).read_text())
+    config: dict[str, Any] = {}
+    if (directory / CONFIG_FILE).is_file():
+        try:
+            config = load_yaml(directory / CONFIG_FILE)
+        except ValueError:
+            config = {}
+    return RunData(directory, directory.name, metrics, summary, config)
+
+
+def _values(run: RunData, key: str) -> list[float]:
+    return [math.nan if row.get(key) is None else float(row[key]) for row in run.metrics]
+
+
+def _figure(
+    runs: list[RunData],
+    series: list[tuple[str, str, str]],
+    ylabel: str,
+    path: Path,
+    *,
+    log_y: bool = False,
+) -> None:
+    """Two panels (vs steps, vs evaluations); ``series`` are (key, line style, legend suffix)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, (xkey, xlabel) in zip(axes, X_AXES, strict=True):
+        for index, run in enumerate(runs):
+            x = _values(run, xkey)
+            for key, style, suffix in series:
+                y = _values(run, run.best_key() if key == "best" else key)
+                ax.plot(x, y, style, color=f"C{index % 10}", label=f"{run.label}{suffix}")
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        if log_y:
+            ax.set_yscale("log")
+    axes[0].set_ylabel(ylabel)
+    axes[1].legend(fontsize="small", loc="best")
+    fig.savefig(path, dpi=110)
+
+
+def _wide_positive(runs: list[RunData]) -> bool:
+    """Whether best-so-far values are all positive and span enough for a log axis."""
+    values = [v for run in runs for v in _values(run, run.best_key()) if math.isfinite(v)]
+    return bool(values) and min(values) > 0 and max(values) / min(values) > 50
+
+
+def plot_runs(runs: list[RunData], out: Path) -> list[Path]:
+    """Write reward.png (mean and max reward) and best.png (best so far); returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    reward, best = out / "reward.png", out / "best.png"
+    _figure(
+        runs,
+        [("reward_mean", "-", " mean"), ("reward_max", "--", " max")],
+        "reward (higher is better)",
+        reward,
+    )
+    keys = {run.best_key() for run in runs}
+    ylabel = "best value so far" if keys == {"best_value"} else "best so far"
+    _figure(runs, [("best", "-", "")], ylabel, best, log_y=_wide_positive(runs))
+    return [reward, best]
+
+
+def _fmt(value: Any, digits: int = 6) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def table(runs: list[RunData]) -> str:
+    """A markdown table of each run's final figures."""
+    head = (
+        "run",
+        "strategy",
+        "problem",
+        "steps",
+        "evaluations",
+        "best",
+        "last reward mean",
+        "wall s",
+        "stop",
+    )
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in runs:
+        last, s = run.metrics[-1], run.summary
+        problem = s.get("problem") or (run.config.get("problem") or {}).get("name", "—")
+        cells = (
+            run.label,
+            s.get("strategy") or run.config.get("strategy", "—"),
+            problem,
+            int(last["step"]) + 1,
+            last.get("evaluations"),
+            last.get(run.best_key()),
+            last.get("reward_mean"),
+            _fmt(last.get("wall_seconds"), 3),
+            s.get("stop_reason", "running or killed"),
+        )
+        lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def _labels(runs: list[RunData]) -> None:
+    names = [run.label for run in runs]
+    if len(set(names)) < len(names):
+        for run in runs:
+            run.label = str(run.directory)
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Output folder (default: RUN_DIR/report for one run, reports/compare-<time> for several).",
+)
+def report(run_dirs: tuple[Path, ...], out: Path | None) -> None:
+    """Plot reward and best-so-far of RUN_DIRs (overlaid) and tabulate their final figures."""
+    runs = [load_run(d) for d in run_dirs]
+    _labels(runs)
+    if out is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = run_dirs[0] / "report" if len(runs) == 1 else Path("reports") / f"compare-{stamp}"
+    images = plot_runs(runs, out)
+    text = table(runs)
+    links = "\n".join(f"![{p.stem}]({p.name})" for p in images)
+    (out / "report.md").write_text(f"# esbox report\n\n{text}\n\n{links}\n")
+    click.echo(text)
+    click.echo(f"\nWrote {', '.join(str(p) for p in images)} and {out / 'report.md'}")

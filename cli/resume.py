@@ -1,0 +1,47 @@
+"""``esbox resume``: continue an interrupted run from its last checkpoint, bit-identically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from esbox.cli.errors import CLIError, user_errors
+from esbox.cli.run import execute, finish, prepare, read_config, resolve_config, write_config
+
+from esbox.runconfig import apply_overrides, parse_override
+
+# Keys that may change when resuming: they do not alter the trajectory, only where it stops.
+RESUMABLE_SECTIONS = ("budget", "checkpoint")
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change budget.* or checkpoint.* (e.g. extend the budget). Repeatable.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def resume(run_dir: Path, overrides: tuple[str, ...], quiet: bool) -> None:
+    """Continue the run in RUN_DIR from its newest checkpoint.
+
+    The run goes on exactly as if it had never stopped (same parameters, optimizer state,
+    step counter and seed stream) until its budget; `--set budget.max_steps=500` extends it.
+    """
+    raw = read_config(run_dir)
+    with user_errors():
+        for text in overrides:
+            path, _ = parse_override(text)
+            if path[0] not in RESUMABLE_SECTIONS or len(path) < 2:
+                raise CLIError(
+                    f"--set {'.'.join(path)}: only budget.* and checkpoint.* can change "
+                    f"when resuming; start a new run to change anything else"
+                )
+        raw = apply_overrides(raw, overrides)
+    config = resolve_config(raw)
+    session = prepare(config)
+    if overrides:
+        write_config(run_dir, config)
+    finish(execute(session, run_dir, quiet=quiet, resume=True))

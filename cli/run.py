@@ -1,0 +1,234 @@
+"""One run of the ``esbox`` command: build it from a resolved config, run it, write its files.
+
+A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl``,
+``checkpoints/``, the best parameters and, once the run stops, ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import string
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from esbox.cli.errors import CLIError, user_errors
+from esbox.cli.problems import Problem, build_problem, normalize_problem, problem_options
+from esbox.cli.progress import ProgressBar
+
+import esbox
+from esbox.registry import make_strategy
+from esbox.runconfig import RunConfig, dumps_yaml, load_yaml, resolve
+from esbox.runner import Budget, Runner
+from esbox.strategy import Strategy
+from esbox.tracking import MetricsLogger, jsonable
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CHECKPOINTS = "checkpoints"
+PLACEHOLDERS = ("strategy", "problem", "seed", "time")
+
+
+@dataclass
+class Session:
+    """Everything a run needs, built and checked before any file is written."""
+
+    config: RunConfig
+    problem: Problem
+    strategy: Strategy
+    budget: Budget
+
+
+def resolve_config(raw: dict[str, Any]) -> RunConfig:
+    """Validate a raw config; the problem section is made independent of the working dir."""
+    with user_errors():
+        config = resolve(raw, problem_options())
+        config.problem = normalize_problem(config.problem)
+    return config
+
+
+def prepare(config: RunConfig) -> Session:
+    """Build the problem, strategy and budget of ``config`` (CLIError on bad values)."""
+    with user_errors():
+        problem = build_problem(config.problem, config.seed)
+        strategy = make_strategy(config.strategy, problem.space, seed=config.seed, **config.options)
+        budget = Budget(**asdict(config.budget))
+    return Session(config, problem, strategy, budget)
+
+
+# -- run directories ----------------------------------------------------------------------------
+def _fill(template: str, config: RunConfig, stamp: str) -> str:
+    names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    for name in names:
+        if name not in PLACEHOLDERS:
+            allowed = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+            raise CLIError(f"output.dir: unknown placeholder {{{name}}} (allowed: {allowed})")
+    problem = str(config.problem.get("name") or config.problem["kind"])
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in problem)
+    return template.format(strategy=config.strategy, problem=safe, seed=config.seed, time=stamp)
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / CONFIG_FILE).is_file() or (path / METRICS_FILE).is_file()
+
+
+def make_run_directory(config: RunConfig, *, overwrite: bool) -> Path:
+    """Create the run directory; an existing one is never reused silently.
+
+    A templated name with ``{time}`` gets a ``-2``, ``-3``... suffix when taken; an explicit
+    one is an error unless ``overwrite`` (and then only an esbox run directory is replaced).
+    """
+    template = config.output.dir
+    path = Path(_fill(template, config, datetime.now().strftime("%Y%m%d-%H%M%S")))
+    if path.exists() and not path.is_dir():
+        raise CLIError(f"output.dir: {path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        if overwrite:
+            if not _is_run_dir(path):
+                raise CLIError(f"refusing to overwrite {path}: it is not an esbox run directory")
+            shutil.rmtree(path)
+        elif "{time}" in template:
+            base, n = path, 2
+            while path.exists():
+                path, n = base.with_name(f"{base.name}-{n}"), n + 1
+        else:
+            raise CLIError(
+                f"run directory {path} already exists; choose another --out "
+                f"or pass --overwrite to replace it"
+            )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_config(directory: Path, config: RunConfig) -> None:
+    header = (
+        f"Resolved by esbox {esbox.__version__} on {datetime.now().isoformat(timespec='seconds')}."
+        "\nRe-run with: esbox optimize --config THIS_FILE"
+    )
+    _write_atomic(directory / CONFIG_FILE, dumps_yaml(config, header))
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """The raw config saved in a run directory (CLIError when it is not a run directory)."""
+    if not directory.is_dir():
+        raise CLIError(f"run directory {directory} does not exist")
+    if not (directory / CONFIG_FILE).is_file():
+        raise CLIError(f"{directory} has no {CONFIG_FILE}: is it an esbox run directory?")
+    with user_errors():
+        return load_yaml(directory / CONFIG_FILE)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+# -- running --------------------------------------------------------------------------------------
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C: the runner writes a checkpoint before exiting."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> dict[str, Any]:
+    """Run (or continue) the session in ``directory``; returns the summary it writes."""
+    config = session.config
+    logger = MetricsLogger(directory / METRICS_FILE)
+    runner = Runner(
+        session.problem.space,
+        session.strategy,
+        session.problem.evaluator,
+        session.budget,
+        callbacks=[logger],
+        checkpoint_dir=directory / CHECKPOINTS,
+        checkpoint_every=config.checkpoint.every,
+        keep_checkpoints=config.checkpoint.keep,
+    )
+    if resume:
+        with user_errors("cannot resume: "):
+            runner.resume(directory / CHECKPOINTS)
+        logger.rewrite(runner.history)
+    population = session.strategy.options.population
+    bar = ProgressBar(session.budget, population, session.strategy.step, quiet=quiet)
+    runner.callbacks.append(bar)
+    try:
+        with _sigterm_as_interrupt():
+            reason = runner.run()
+    except KeyboardInterrupt:
+        reason = "interrupted"
+    finally:
+        bar.close()
+        logger.close()
+    return write_summary(session, runner, directory, reason, resumed=resume)
+
+
+def write_summary(
+    session: Session, runner: Runner, directory: Path, reason: str, *, resumed: bool
+) -> dict[str, Any]:
+    """Save the best parameters and ``summary.json``; returns the summary."""
+    saved = session.problem.save(directory)
+    seconds = runner.elapsed
+    summary = {
+        "status": "interrupted" if reason == "interrupted" else "finished",
+        "stop_reason": reason,
+        "strategy": session.config.strategy,
+        "problem": session.problem.label,
+        "seed": session.config.seed,
+        "steps": session.strategy.step,
+        "evaluations": runner.evaluations,
+        "best_reward": session.strategy.best_reward,
+        **saved,
+        "wall_seconds": seconds,
+        "evaluations_per_second": runner.evaluations / seconds if seconds > 0 else None,
+        "resumed": resumed,
+        "run_dir": str(directory),
+        "esbox_version": esbox.__version__,
+    }
+    summary = jsonable(summary)
+    _write_atomic(directory / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """One line: what ran, the best value, the effort, why it stopped, where it is."""
+    best = summary.get("best_value", summary.get("best_reward"))
+    best_text = "n/a" if best is None else f"{best:.6g}"
+    return (
+        f"{summary['strategy']} on {summary['problem']}: best {best_text} after "
+        f"{summary['steps']} steps, {summary['evaluations']} evaluations in "
+        f"{summary['wall_seconds']:.1f} s ({summary['stop_reason']}) -> {summary['run_dir']}"
+    )
+
+
+def finish(summary: dict[str, Any]) -> None:
+    """Print the summary line; an interrupted run says how to resume and exits with 130."""
+    click.echo(summary_line(summary))
+    if summary["status"] == "interrupted":
+        click.echo(
+            f"Interrupted; checkpoint saved. Continue with: esbox resume {summary['run_dir']}",
+            err=True,
+        )
+        raise SystemExit(130)
