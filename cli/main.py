@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import click
+
+import esbox
 from esbox.cli.errors import CLIError
 from esbox.cli.optimize import optimize
 from esbox.cli.report import report
 from esbox.cli.resume import resume
 from esbox.cli.strategies_cmd import strategies
-
-import esbox
 from esbox.errors import ConfigError, ResumeError
 
 

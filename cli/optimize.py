@@ -5,9 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from esbox.cli.errors import user_errors
-from esbox.cli.run import execute, finish, make_run_directory, prepare, resolve_config, write_config
 
+from esbox.cli.errors import user_errors
+from esbox.cli.run import (
+    check_strategy,
+    execute,
+    finish,
+    make_run_directory,
+    prepare,
+    resolve_config,
+    write_config,
+)
 from esbox.runconfig import apply_overrides, dumps_yaml, load_yaml
 
 EPILOG = """\b
@@ -24,7 +32,7 @@ Main keys (all of them: docs/cli.md; strategy options: esbox strategies NAME):
   options.population       members per step (N)
   options.sigma            noise scale, or {kind: cosine, start: .., end: .., steps: ..}
   options.learning_rate    step size (a number or a schedule)
-  problem.kind             function | callable
+  problem.kind             function | callable | llm
   problem.name             rastrigin, sphere, rosenbrock, ... (kind: function)
   problem.dimension        number of parameters
   problem.target           module:function (kind: callable)
@@ -35,7 +43,7 @@ Main keys (all of them: docs/cli.md; strategy options: esbox strategies NAME):
 """
 
 
-@click.command(epilog=EPILOG)
+@click.command(epilog=EPILOG, short_help="Run a strategy on a problem into a new run directory.")
 @click.option(
     "--config",
     "-c",
@@ -55,7 +63,7 @@ Main keys (all of them: docs/cli.md; strategy options: esbox strategies NAME):
 @click.option("--out", "-o", help="Run directory (overrides `output.dir`).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing run directory.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--dry-run", is_flag=True, help="Print the resolved config and exit.")
+@click.option("--dry-run", is_flag=True, help="Check and print the resolved config; run nothing.")
 def optimize(
     config_path: Path | None,
     strategy: str | None,
@@ -80,10 +88,11 @@ def optimize(
         ]
         raw = apply_overrides(raw, [*settings, *overrides])
     config = resolve_config(raw)
-    session = prepare(config)
     if dry_run:
+        check_strategy(config)
         click.echo(dumps_yaml(config), nl=False)
         return
+    session = prepare(config)
     directory = make_run_directory(config, overwrite=overwrite)
     write_config(directory, config)
     finish(execute(session, directory, quiet=quiet, resume=False))

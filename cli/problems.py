@@ -12,13 +12,13 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from esbox.adapters.functions import FUNCTIONS, get_function
 
+from esbox.adapters.functions import FUNCTIONS, get_function
 from esbox.config import option
 from esbox.errors import ConfigError
 from esbox.evaluation import Evaluator, FunctionEvaluator
@@ -35,6 +35,7 @@ class Problem:
     evaluator: Evaluator
     label: str
     save: Callable[[Path], dict[str, Any]]  # writes best parameters; returns summary fields
+    callbacks: list[Callable[..., Any]] = field(default_factory=list)  # run before the logger
 
 
 @dataclass(frozen=True)
@@ -233,3 +234,21 @@ def _callable(options: CallableProblem, seed: int) -> Problem:
     )
     label = f"{options.target.rpartition('/')[2]}(d={x0.size})"
     return Problem(space, evaluator, label, _vector_save(space, evaluator))
+
+
+# -- kind: llm ----------------------------------------------------------------------------------
+try:  # the options are light; transformers & co. are imported by build_llm only
+    from esbox.adapters.llm import LLMProblemOptions
+except ImportError:  # pragma: no cover - an install without the LLM adapter
+    LLMProblemOptions = None
+
+if LLMProblemOptions is not None:
+
+    @problem_kind("llm", LLMProblemOptions, "ES post-training of a causal LM on a task")
+    def _llm(options: Any, seed: int) -> Problem:
+        from esbox.adapters.llm import build_llm
+
+        run = build_llm(options, seed)
+        task = options.task.get("kind", "task") if isinstance(options.task, dict) else "task"
+        label = f"{Path(str(options.model)).name} on {task}"
+        return Problem(run.space, run.evaluator, label, run.save, list(run.callbacks))

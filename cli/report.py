@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from esbox.cli.errors import CLIError
 from esbox.cli.run import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
-
 from esbox.runconfig import load_yaml
 from esbox.tracking import read_metrics
 
@@ -163,7 +163,7 @@ def _labels(runs: list[RunData]) -> None:
             run.label = str(run.directory)
 
 
-@click.command()
+@click.command(short_help="Plot and tabulate one or more runs.")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--out",

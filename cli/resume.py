@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+
 from esbox.cli.errors import CLIError, user_errors
 from esbox.cli.run import execute, finish, prepare, read_config, resolve_config, write_config
-
 from esbox.runconfig import apply_overrides, parse_override
 
 # Keys that may change when resuming: they do not alter the trajectory, only where it stops.
 RESUMABLE_SECTIONS = ("budget", "checkpoint")
 
 
-@click.command()
+@click.command(short_help="Continue an interrupted run, bit-identically.")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--set",

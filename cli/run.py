@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+import esbox
 from esbox.cli.errors import CLIError, user_errors
 from esbox.cli.problems import Problem, build_problem, normalize_problem, problem_options
 from esbox.cli.progress import ProgressBar
-
-import esbox
 from esbox.registry import make_strategy
 from esbox.runconfig import RunConfig, dumps_yaml, load_yaml, resolve
 from esbox.runner import Budget, Runner
@@ -56,8 +56,15 @@ def resolve_config(raw: dict[str, Any]) -> RunConfig:
     return config
 
 
+def check_strategy(config: RunConfig) -> None:
+    """Build the strategy on a 1-d placeholder: catches bad option combinations cheaply."""
+    with user_errors():
+        make_strategy(config.strategy, 1, seed=config.seed, **config.options)
+
+
 def prepare(config: RunConfig) -> Session:
     """Build the problem, strategy and budget of ``config`` (CLIError on bad values)."""
+    check_strategy(config)
     with user_errors():
         problem = build_problem(config.problem, config.seed)
         strategy = make_strategy(config.strategy, problem.space, seed=config.seed, **config.options)
@@ -162,7 +169,7 @@ def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> 
         session.strategy,
         session.problem.evaluator,
         session.budget,
-        callbacks=[logger],
+        callbacks=[*session.problem.callbacks, logger],
         checkpoint_dir=directory / CHECKPOINTS,
         checkpoint_every=config.checkpoint.every,
         keep_checkpoints=config.checkpoint.keep,
@@ -190,6 +197,9 @@ def write_summary(
 ) -> dict[str, Any]:
     """Save the best parameters and ``summary.json``; returns the summary."""
     saved = session.problem.save(directory)
+    for callback in session.problem.callbacks:
+        if getattr(callback, "baseline", None):
+            saved["baseline"] = dict(callback.baseline)
     seconds = runner.elapsed
     summary = {
         "status": "interrupted" if reason == "interrupted" else "finished",

@@ -6,8 +6,8 @@ import inspect
 from typing import get_type_hints
 
 import click
-from esbox.cli.errors import user_errors
 
+from esbox.cli.errors import user_errors
 from esbox.config import describe_options
 from esbox.registry import available_strategies, get_strategy
 from esbox.schedules import ScheduleLike
@@ -33,7 +33,7 @@ def _brief(cls: type) -> str:
     return cls.description or (doc.splitlines()[0] if doc else "")
 
 
-@click.command()
+@click.command(short_help="List strategies, or show one with its options.")
 @click.argument("name", required=False)
 def strategies(name: str | None) -> None:
     """List the registered strategies (built-in and plugins), or show NAME in full."""
