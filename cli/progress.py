@@ -38,7 +38,7 @@ class ProgressBar:
         seconds = metrics.get("wall_seconds") or 0.0
         rate = metrics["evaluations"] / seconds if seconds > 0 else 0.0
         self.bar.set_postfix(
-            best=f"{best:.6g}", evals=metrics["evaluations"], evals_s=f"{rate:.0f}"
+            {"best": f"{best:.6g}", "evals": metrics["evaluations"], "evals/s": f"{rate:.0f}"}
         )
 
     def close(self) -> None:

@@ -9,11 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import string
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +20,7 @@ import click
 
 import esbox
 from esbox.cli.errors import CLIError, user_errors
+from esbox.cli.interrupts import guarded
 from esbox.cli.problems import Problem, build_problem, normalize_problem, problem_options
 from esbox.cli.progress import ProgressBar
 from esbox.registry import make_strategy
@@ -142,24 +140,6 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 # -- running --------------------------------------------------------------------------------------
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C: the runner writes a checkpoint before exiting."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> dict[str, Any]:
     """Run (or continue) the session in ``directory``; returns the summary it writes."""
     config = session.config
@@ -182,7 +162,7 @@ def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> 
     bar = ProgressBar(session.budget, population, session.strategy.step, quiet=quiet)
     runner.callbacks.append(bar)
     try:
-        with _sigterm_as_interrupt():
+        with guarded(runner):
             reason = runner.run()
     except KeyboardInterrupt:
         reason = "interrupted"

@@ -351,6 +351,32 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_continues(tmp_path):
     same_run(out, tmp_path / "straight")
 
 
+def test_interrupt_during_an_update_is_held_until_the_step_ends(tmp_path):
+    from esbox.cli.run import execute, prepare, resolve_config, write_config
+    from esbox.runconfig import apply_overrides
+
+    config = resolve_config(apply_overrides({}, TINY[1::2]))
+    session = prepare(config)
+    apply, calls = session.problem.space.apply, []
+
+    def apply_and_interrupt(update):
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C after tell(), before the update
+        calls.append(update)
+        return apply(update)
+
+    session.problem.space.apply = apply_and_interrupt
+    out = tmp_path / "run"
+    out.mkdir()
+    write_config(out, config)
+    summary = execute(session, out, quiet=True, resume=False)
+    assert summary["status"] == "interrupted"
+    assert summary["steps"] == 4 and summary["evaluations"] == 4 * 8
+    run_ok("resume", "-q", str(out))
+    run_ok("optimize", "-q", *TINY, "--out", str(tmp_path / "straight"))
+    same_run(out, tmp_path / "straight")
+
+
 def test_resume_can_extend_the_budget(tmp_path):
     short, long = tmp_path / "short", tmp_path / "long"
     run_ok("optimize", "-q", *TINY, "--out", str(short))
