@@ -134,7 +134,9 @@ def test_every_registered_strategy_has_convergence_cases() -> None:
     assert not missing, f"add convergence cases for {sorted(missing)} to CASES"
 
 
-@pytest.mark.parametrize(("function", "strategy"), sorted(CASES), ids="-".join)
+@pytest.mark.parametrize(
+    ("function", "strategy"), sorted(CASES), ids=[f"{f}-{s}" for f, s in sorted(CASES)]
+)
 def test_strategy_reaches_the_target_value(function: str, strategy: str) -> None:
     budget, _, target = CASES[(function, strategy)]
     start = float(get_function(function)(start_point(function)))

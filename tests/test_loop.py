@@ -312,6 +312,45 @@ def test_resume_after_an_interrupt(tmp_path) -> None:
     same_result(full, resumed)
 
 
+def test_resume_after_an_interrupt_mid_population(tmp_path) -> None:
+    """Ctrl-C inside an evaluation: the pending population is saved and re-evaluated."""
+    calls = {"n": 0}
+
+    def interrupted(x):
+        calls["n"] += 1
+        if calls["n"] == 21:  # the fifth member of the third step
+            raise KeyboardInterrupt
+        return sphere(x)
+
+    opts = options("openai_es", optimizer="adam")
+    full = esbox.optimize(sphere, x0(), "openai_es", max_steps=5, seed=3, **opts)
+    with pytest.raises(KeyboardInterrupt):
+        esbox.optimize(
+            interrupted, x0(), "openai_es", max_steps=5, seed=3, checkpoint_dir=tmp_path,
+            checkpoint_every=100, **opts,
+        )  # fmt: skip
+    state = json.loads((ckpt.latest_checkpoint(tmp_path) / "state.json").read_text())
+    assert state["strategy"]["step"] == 2 and state["strategy"]["pending"] is not None
+    resumed = esbox.optimize(
+        sphere, x0(), "openai_es", max_steps=5, seed=3, resume=tmp_path, **opts
+    )
+    same_result(full, resumed)
+
+
+def test_resume_float32_batched(tmp_path) -> None:
+    opts = options("esopt")
+    kw = {"dtype": "float32", "batched": True, "batch_size": 3, "seed": 2}
+    full = esbox.optimize(batched_sphere, x0(), "esopt", max_steps=6, **kw, **opts)
+    esbox.optimize(
+        batched_sphere, x0(), "esopt", max_steps=2, checkpoint_dir=tmp_path, **kw, **opts
+    )
+    resumed = esbox.optimize(
+        batched_sphere, x0(), "esopt", max_steps=6, resume=tmp_path, **kw, **opts
+    )
+    assert resumed.x.dtype == np.float32
+    same_result(full, resumed)
+
+
 def test_checkpoint_files_are_safetensors_and_json(tmp_path) -> None:
     esbox.optimize(
         sphere,
