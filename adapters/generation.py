@@ -224,7 +224,9 @@ class HFBackend:
         kwargs: dict[str, Any] = {}
         if shared:
             prefix_out = self.model(input_ids=ids[:1, :shared], use_cache=True)
-            cache = getattr(prefix_out, "cache", None) or prefix_out.past_key_values
+            cache = getattr(prefix_out, "cache", None)
+            if cache is None:  # transformers 4.x name
+                cache = prefix_out.past_key_values
             cache.batch_repeat_interleave(len(rows))
             major = int(transformers.__version__.split(".")[0])
             kwargs["cache" if major >= 5 else "past_key_values"] = cache

@@ -39,6 +39,11 @@ def require_transformers() -> Any:
     return transformers
 
 
+def _dtype_kwarg(transformers: Any) -> str:
+    """``dtype`` in transformers 5, ``torch_dtype`` before."""
+    return "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+
+
 def resolve_dtype(dtype: Any) -> Any:
     """Turn ``"bf16"``/``"float32"``/a ``torch.dtype`` into a ``torch.dtype``."""
     import torch
@@ -73,7 +78,7 @@ def load_model(
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        source, dtype=resolve_dtype(dtype), **kwargs
+        source, **{_dtype_kwarg(transformers): resolve_dtype(dtype)}, **kwargs
     )
     if device is not None:
         model = model.to(device)
@@ -121,14 +126,16 @@ def convert_smollm2(out_dir: str | Path = DEFAULT_SMOLLM2_DIR, *, overwrite: boo
     package_dir, gguf_file = str(gguf.parent), gguf.name
     tokenizer = transformers.AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(
-        package_dir, gguf_file=gguf_file, dtype=torch.float32
+        package_dir, gguf_file=gguf_file, **{_dtype_kwarg(transformers): torch.float32}
     )
     # save_pretrained refuses a GGUF-quantized model: rebuild it from a clean config.
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = torch.float32
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, **{_dtype_kwarg(transformers): torch.float32}
+    )
     model.load_state_dict(loaded.state_dict(), strict=True)
     model.tie_weights()
     del loaded

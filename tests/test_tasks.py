@@ -10,6 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from esbox.adapters import metrics
 from esbox.adapters.metrics import (
     accuracy,
@@ -34,8 +37,6 @@ from esbox.adapters.tasks import (
     load_task,
     read_rows,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 needs_math_verify = pytest.mark.skipif(
     not metrics.math_verify_available(), reason="math-verify not installed"
