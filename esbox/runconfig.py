@@ -143,7 +143,16 @@ def _check_budget(budget: BudgetConfig) -> None:
 
 def to_dict(config: RunConfig) -> dict[str, Any]:
     """The plain-data form of a resolved config (what ``config.yaml`` holds)."""
-    return dataclasses.asdict(config)
+    return _plain(dataclasses.asdict(config))
+
+
+def _plain(value: Any) -> Any:
+    """Tuples become lists, so ``yaml.safe_dump`` can write every value."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 # -- overrides ----------------------------------------------------------------------------------
@@ -232,7 +241,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def dumps_yaml(config: RunConfig | Mapping[str, Any], header: str = "") -> str:
     """YAML text of a config, keys in schema order, optionally after a comment header."""
-    data = to_dict(config) if isinstance(config, RunConfig) else dict(config)
+    data = to_dict(config) if isinstance(config, RunConfig) else _plain(dict(config))
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     return comment + text
