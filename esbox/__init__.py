@@ -1,4 +1,4 @@
-"""esbox: Evolution Strategies for black-box optimization and forward-pass-only LLM post-training."""
+"""esbox: Evolution Strategies for black-box optimization and forward-pass-only LLM training."""
 
 from esbox.api import Result, optimize
 from esbox.errors import ConfigError, ResumeError

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 LATEST = "latest"
+HISTORY = "history.jsonl"
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -80,3 +81,27 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     return load_file(str(path / "tensors.safetensors")), json.loads(
         (path / "state.json").read_text()
     )
+
+
+def append_history(directory: str | os.PathLike, records: list[dict[str, Any]]) -> None:
+    """Append metrics records to ``DIR/history.jsonl`` (durably) for the checkpoints to cite.
+
+    A checkpoint stores only how many records it covers, so checkpoint cost does not grow
+    with the length of the run.
+    """
+    path = Path(directory) / HISTORY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        handle.writelines(json.dumps(record) + "\n" for record in records)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_history(directory: str | os.PathLike, length: int) -> list[dict[str, Any]]:
+    """The first ``length`` records of ``DIR/history.jsonl``; later ones are dropped from it."""
+    path = Path(directory) / HISTORY
+    lines = path.read_text().splitlines() if path.is_file() else []
+    if len(lines) < length:
+        raise FileNotFoundError(f"{path} holds {len(lines)} records, the checkpoint needs {length}")
+    _write_atomic(path, "".join(line + "\n" for line in lines[:length]))
+    return [json.loads(line) for line in lines[:length]]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from esbox.checkpoint import load_checkpoint, save_checkpoint
+from esbox.checkpoint import append_history, load_checkpoint, read_history, save_checkpoint
 from esbox.errors import ConfigError, ResumeError
 from esbox.evaluation import Evaluator
 from esbox.space import ParameterSpace
@@ -36,6 +40,34 @@ class Budget:
         for key, value in values.items():
             if value is not None and value <= 0:
                 raise ConfigError(f"budget {key} must be > 0, got {value}")
+
+
+@contextmanager
+def held_signals() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block ends, then deliver them to the previous handlers.
+
+    ``tell`` + ``apply`` + the counters change together; an interrupt in between would leave a
+    half-applied update behind. Outside the main thread signals cannot be caught and pass as is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, _: held.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in held:
+            handler = previous[sig]
+            if callable(handler):
+                handler(sig, None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), sig)
 
 
 class Runner:
@@ -69,6 +101,7 @@ class Runner:
         self.evaluations = 0
         self.elapsed = 0.0
         self.history: list[dict[str, Any]] = []
+        self._history_saved = 0
         self.stop_reason: str | None = None
 
     # -- stopping ------------------------------------------------------------------------------
@@ -89,18 +122,19 @@ class Runner:
         start = time.perf_counter()
         perturbations = self.strategy.ask()
         rewards = self.evaluator.evaluate(self.space, perturbations)
-        update = self.strategy.tell(rewards)
-        update_norm = self.space.apply(update)
-        self.evaluations += len(perturbations)
-        self.elapsed += time.perf_counter() - start
-        metrics = dict(self.strategy.metrics)
-        metrics.update(
-            evaluations=self.evaluations, wall_seconds=self.elapsed, update_norm=update_norm
-        )
-        best = getattr(self.evaluator, "best_value", None)
-        if best is not None:
-            metrics["best_value"] = best
-        self.history.append(metrics)
+        with held_signals():
+            update = self.strategy.tell(rewards)
+            update_norm = self.space.apply(update)
+            self.evaluations += len(perturbations)
+            self.elapsed += time.perf_counter() - start
+            metrics = dict(self.strategy.metrics)
+            metrics.update(
+                evaluations=self.evaluations, wall_seconds=self.elapsed, update_norm=update_norm
+            )
+            best = getattr(self.evaluator, "best_value", None)
+            if best is not None:
+                metrics["best_value"] = best
+            self.history.append(metrics)
         return metrics
 
     def run(self) -> str:
@@ -166,7 +200,7 @@ class Runner:
             "runner": {
                 "evaluations": self.evaluations,
                 "elapsed": self.elapsed,
-                "history": self.history,
+                "history_length": len(self.history),
             },
             "next_seeds": self.strategy.peek_seeds(),
         }
@@ -177,12 +211,16 @@ class Runner:
         if self.checkpoint_dir is None:
             raise ConfigError("this run has no checkpoint_dir")
         tensors, state = self.state()
+        append_history(self.checkpoint_dir, self.history[self._history_saved :])
+        self._history_saved = len(self.history)
         return save_checkpoint(
             self.checkpoint_dir, self.strategy.step, tensors, state, keep=self.keep_checkpoints
         )
 
     def resume(self, path: str | Path) -> None:
         """Load the newest checkpoint under ``path`` and check the seed stream matches it."""
+        path = Path(path)
+        root = path.parent if (path / "state.json").is_file() else path
         tensors, state = load_checkpoint(path)
         self.strategy.load_state_dict(state["strategy"])
         if self.strategy.peek_seeds() != state["next_seeds"]:
@@ -203,4 +241,5 @@ class Runner:
             self.evaluator.load_state_dict(evaluator_state)
         runner = state["runner"]
         self.evaluations, self.elapsed = int(runner["evaluations"]), float(runner["elapsed"])
-        self.history = list(runner["history"])
+        self.history = read_history(root, int(runner["history_length"]))
+        self._history_saved = len(self.history)

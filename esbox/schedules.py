@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Any, Union
+from typing import Any
 
 from esbox.errors import ConfigError
 
@@ -59,9 +59,9 @@ class Cosine(_Annealed):
         return self.end + 0.5 * (self.start - self.end) * (1.0 + math.cos(math.pi * frac))
 
 
-Schedule = Union[Constant, Linear, Cosine]
+Schedule = Constant | Linear | Cosine
 SCHEDULES: dict[str, type] = {"constant": Constant, "linear": Linear, "cosine": Cosine}
-ScheduleLike = Union[float, int, dict, Schedule]
+ScheduleLike = float | int | dict | Schedule
 
 
 def make_schedule(spec: ScheduleLike, name: str = "schedule") -> Schedule:

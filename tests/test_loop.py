@@ -422,7 +422,8 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
         )
     monkeypatch.undo()
     assert (tmp_path / "latest").read_text().strip() == "step-00000002"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000002"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["history.jsonl", "latest", "step-00000002"]
     after = ckpt.load_checkpoint(tmp_path)
     assert after[1] == before[1]
     assert all(np.array_equal(after[0][k], before[0][k]) for k in before[0])
