@@ -1,1 +1,1 @@
-"""Adapters: what the core plugs into (benchmark functions, torch/LLM weight spaces, tasks, backends)."""
+"""Adapters: what the core plugs into (functions, torch/LLM weight spaces, tasks, backends)."""

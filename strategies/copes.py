@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from esbox.strategies.openai_es import OpenAIES
 
 from esbox.config import option
 from esbox.errors import ConfigError
 from esbox.registry import register
 from esbox.shaping import SHAPINGS, shape
 from esbox.specs import Perturbation
+from esbox.strategies.openai_es import OpenAIES
 
 
 @register("copes")
