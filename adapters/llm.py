@@ -79,6 +79,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     from .tasks import load_task
     from .torch_space import TorchModuleSpace
 
+    task = load_task(options.task)  # first: a bad task option fails before the model loads
     if options.threads:
         torch.set_num_threads(options.threads)
     model, tokenizer = load_model(
@@ -91,7 +92,6 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         chunk_size=options.chunk_size,
         backup_device=options.backup_device,
     )
-    task = load_task(options.task)
     backend = HFBackend(model, tokenizer)
     evaluator = RolloutEvaluator(
         task,

@@ -384,6 +384,15 @@ def load_task(spec: Mapping[str, Any]) -> Task:
     """
     opts = dict(spec)
     kind = opts.pop("kind", None)
+    try:
+        return _build_task(kind, opts)
+    except TypeError as exc:  # an unknown or missing option: name it, like a config error
+        raise ValueError(f"task (kind {kind!r}): {exc}") from None
+    except KeyError as exc:
+        raise ValueError(f"task (kind {kind!r}) needs the option {exc}") from None
+
+
+def _build_task(kind: Any, opts: dict[str, Any]) -> Task:
     if kind == "arithmetic":
         return ArithmeticTask(**opts)
     if kind in ("math", "qa"):

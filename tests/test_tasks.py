@@ -357,3 +357,10 @@ def test_docs_example_runs():
         pytest.skip("docs/tasks.md not written yet")
     for block in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S):
         exec(compile(block, str(doc), "exec"), {})
+
+
+def test_load_task_names_a_bad_option_instead_of_a_type_error():
+    with pytest.raises(ValueError, match="digts"):
+        load_task({"kind": "arithmetic", "digts": 2})
+    with pytest.raises(ValueError, match="needs the option 'path'"):
+        load_task({"kind": "math"})
