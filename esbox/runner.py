@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from esbox.checkpoint import append_history, load_checkpoint, read_history, save_checkpoint
+from esbox.checkpoint import (
+    HISTORY,
+    append_history,
+    load_checkpoint,
+    read_history,
+    save_checkpoint,
+)
 from esbox.errors import ConfigError, ResumeError
 from esbox.evaluation import Evaluator
 from esbox.space import ParameterSpace
@@ -211,6 +217,8 @@ class Runner:
         if self.checkpoint_dir is None:
             raise ConfigError("this run has no checkpoint_dir")
         tensors, state = self.state()
+        if self._history_saved == 0:  # this run owns the file: drop an earlier run's records
+            (self.checkpoint_dir / HISTORY).unlink(missing_ok=True)
         append_history(self.checkpoint_dir, self.history[self._history_saved :])
         self._history_saved = len(self.history)
         return save_checkpoint(

@@ -351,6 +351,23 @@ def test_resume_float32_batched(tmp_path) -> None:
     same_result(full, resumed)
 
 
+def test_a_fresh_run_in_a_used_directory_does_not_inherit_its_history(tmp_path) -> None:
+    """Re-running into the same checkpoint directory, then resuming, gives this run's history."""
+    esbox.optimize(
+        sphere, x0(), "openai_es", max_steps=4, seed=1, checkpoint_dir=tmp_path,
+        checkpoint_every=1, **OPTIONS,
+    )  # fmt: skip
+    full = esbox.optimize(sphere, x0(), "openai_es", max_steps=4, seed=2, **OPTIONS)
+    esbox.optimize(
+        sphere, x0(), "openai_es", max_steps=2, seed=2, checkpoint_dir=tmp_path,
+        checkpoint_every=1, **OPTIONS,
+    )  # fmt: skip
+    resumed = esbox.optimize(
+        sphere, x0(), "openai_es", max_steps=4, seed=2, resume=tmp_path, **OPTIONS
+    )
+    same_result(full, resumed)
+
+
 def test_checkpoint_files_are_safetensors_and_json(tmp_path) -> None:
     esbox.optimize(
         sphere,
