@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import struct
 import time
 from pathlib import Path
@@ -365,6 +367,32 @@ def test_a_fresh_run_in_a_used_directory_does_not_inherit_its_history(tmp_path) 
     resumed = esbox.optimize(
         sphere, x0(), "openai_es", max_steps=4, seed=2, resume=tmp_path, **OPTIONS
     )
+    same_result(full, resumed)
+
+
+def test_sigint_during_an_update_is_held_until_it_is_applied(tmp_path) -> None:
+    """Ctrl-C while an update is applied lands after it: the checkpoint is a whole step."""
+    opts = options("copes")
+    full = esbox.optimize(sphere, x0(), "copes", max_steps=6, seed=4, **opts)
+    space = VectorSpace(x0())
+    es = esbox.make_strategy("copes", space, seed=4, **opts)
+    apply = space.apply
+
+    def apply_with_sigint(update):
+        if update.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return apply(update)
+
+    space.apply = apply_with_sigint
+    runner = Runner(
+        space, es, FunctionEvaluator(sphere), Budget(max_steps=6), checkpoint_dir=tmp_path,
+        checkpoint_every=100,
+    )  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert es.step == 3 and runner.evaluations == 24 and len(runner.history) == 3
+    assert ckpt.latest_checkpoint(tmp_path).name == "step-00000003"
+    resumed = esbox.optimize(sphere, x0(), "copes", max_steps=6, seed=4, resume=tmp_path, **opts)
     same_result(full, resumed)
 
 
