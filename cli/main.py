@@ -8,6 +8,7 @@ import click
 
 import esbox
 from esbox.cli.errors import CLIError
+from esbox.cli.llm_commands import convert_model, evaluate_cmd
 from esbox.cli.optimize import optimize
 from esbox.cli.report import report
 from esbox.cli.resume import resume
@@ -36,6 +37,7 @@ def cli() -> None:
       esbox report runs/copes-*            # plots + a table of final figures
       esbox resume RUN_DIR                 # continue an interrupted run
       esbox strategies                     # strategies and their options
+      esbox evaluate --model smollm2       # score an LLM on a task
     """
 
 
@@ -43,6 +45,8 @@ cli.add_command(optimize)
 cli.add_command(resume)
 cli.add_command(report)
 cli.add_command(strategies)
+cli.add_command(evaluate_cmd)
+cli.add_command(convert_model)
 
 
 def main() -> None:

