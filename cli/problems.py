@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from esbox.adapters.functions import FUNCTIONS, get_function
+from esbox.adapters.llm import LLMProblemOptions
 from esbox.config import option
 from esbox.errors import ConfigError
 from esbox.evaluation import Evaluator, FunctionEvaluator
@@ -237,18 +238,19 @@ def _callable(options: CallableProblem, seed: int) -> Problem:
 
 
 # -- kind: llm ----------------------------------------------------------------------------------
-try:  # the options are light; transformers & co. are imported by build_llm only
-    from esbox.adapters.llm import LLMProblemOptions
-except ImportError:  # pragma: no cover - an install without the LLM adapter
-    LLMProblemOptions = None
+def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
+    """A local model directory is saved as an absolute path, so the config runs from anywhere."""
+    model = Path(str(problem["model"])).expanduser()
+    if model.exists():
+        problem["model"] = str(model.resolve())
+    return problem
 
-if LLMProblemOptions is not None:
 
-    @problem_kind("llm", LLMProblemOptions, "ES post-training of a causal LM on a task")
-    def _llm(options: Any, seed: int) -> Problem:
-        from esbox.adapters.llm import build_llm
+@problem_kind("llm", LLMProblemOptions, "ES post-training of a causal LM on a task", _llm_normalize)
+def _llm(options: Any, seed: int) -> Problem:
+    from esbox.adapters.llm import build_llm
 
-        run = build_llm(options, seed)
-        task = options.task.get("kind", "task") if isinstance(options.task, dict) else "task"
-        label = f"{Path(str(options.model)).name} on {task}"
-        return Problem(run.space, run.evaluator, label, run.save, list(run.callbacks))
+    run = build_llm(options, seed)
+    task = options.task.get("kind", "task") if isinstance(options.task, dict) else "task"
+    label = f"{Path(str(options.model)).name} on {task}"
+    return Problem(run.space, run.evaluator, label, run.save, list(run.callbacks))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import string
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,54 +14,8 @@ from esbox.adapters.generation import (  # noqa: E402
     common_prefix_len,
     truncate_at_stop,
 )
-
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def char_tokenizer():
-    """A character-level fast tokenizer with a chat template; nothing downloaded."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    chars = string.ascii_letters + string.digits + string.punctuation + " \n"
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(dict.fromkeys(chars)))}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(SPECIALS)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="<|im_end|>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def tiny_model(arch: str, vocab_size: int, seed: int = 0):
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=SPECIALS.index("<|im_end|>"),
-        pad_token_id=0,
-        bos_token_id=1,
-        initializer_range=0.5,  # varied greedy text from a random model
-    )
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[arch]
-    model = transformers.AutoModelForCausalLM.from_config(cls(**common))
-    return model.eval()
+from esbox.adapters.testing import char_tokenizer  # noqa: E402
+from esbox.adapters.testing import tiny_causal_lm as tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,98 @@
+"""The LLM path from the shell: optimize with ``kind: llm``, resume, evaluate — on a tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from esbox.adapters.testing import save_tiny_lm
+from esbox.cli.main import cli
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory) -> Path:
+    return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def llm_args(model: Path, out: Path, steps: int = 3) -> list[str]:
+    sets = {
+        "problem.kind": "llm",
+        "problem.model": str(model),
+        "problem.batch_size": 2,
+        "problem.task": "{kind: arithmetic, train_size: 20, heldout_size: 4}",
+        "problem.validation_every": 2,
+        "options.population": 4,
+        "options.subspaces": 2,
+        "options.sigma": 0.01,
+        "options.learning_rate": 0.001,
+        "budget.max_steps": steps,
+        "budget.max_evaluations": "null",
+        "checkpoint.every": 1,
+    }
+    args = ["optimize", "-q", "--strategy", "copes", "--out", str(out)]
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    return args
+
+
+def test_optimize_llm_writes_model_metrics_and_validation(tiny_lm, tmp_path):
+    result = invoke(*llm_args(tiny_lm, tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "run"
+    saved = load_file(str(run / "model" / "model.safetensors"))
+    assert "model.embed_tokens.weight" in saved
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and "val_accuracy" in rows[1]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["baseline"]["val_step"] == 0 and "val_accuracy" in summary["baseline"]
+
+
+def test_llm_resume_is_bit_identical(tiny_lm, tmp_path):
+    assert invoke(*llm_args(tiny_lm, tmp_path / "straight", steps=4)).exit_code == 0
+    assert invoke(*llm_args(tiny_lm, tmp_path / "split", steps=2)).exit_code == 0
+    resumed = invoke("resume", "-q", str(tmp_path / "split"), "--set", "budget.max_steps=4")
+    assert resumed.exit_code == 0, resumed.output
+    a = load_file(str(tmp_path / "straight" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_bad_task_option_exits_2_naming_the_key(tiny_lm, tmp_path):
+    args = [*llm_args(tiny_lm, tmp_path / "bad"), "--set", "problem.task={kind: arithmetic, digts: 3}"]
+    result = invoke(*args)
+    assert result.exit_code == 2 and "digts" in result.output
+
+
+def test_evaluate_prints_accuracy_and_pass_at_k(tiny_lm, tmp_path):
+    out = tmp_path / "eval.json"
+    result = invoke(
+        "evaluate",
+        "--model",
+        str(tiny_lm),
+        "--task",
+        "{kind: arithmetic, train_size: 10, heldout_size: 6}",
+        "--samples",
+        "2",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())
+    assert figures["n"] == 6 and 0.0 <= figures["pass@2"] <= 1.0 and "| accuracy |" in result.output
+
+
+def test_evaluate_rejects_a_task_without_kind(tiny_lm):
+    result = invoke("evaluate", "--model", str(tiny_lm), "--task", "{path: x.jsonl}")
+    assert result.exit_code == 2 and "kind" in result.output
