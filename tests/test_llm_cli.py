@@ -70,7 +70,8 @@ def test_llm_resume_is_bit_identical(tiny_lm, tmp_path):
 
 
 def test_bad_task_option_exits_2_naming_the_key(tiny_lm, tmp_path):
-    args = [*llm_args(tiny_lm, tmp_path / "bad"), "--set", "problem.task={kind: arithmetic, digts: 3}"]
+    bad_task = "problem.task={kind: arithmetic, digts: 3}"
+    args = [*llm_args(tiny_lm, tmp_path / "bad"), "--set", bad_task]
     result = invoke(*args)
     assert result.exit_code == 2 and "digts" in result.output
 
