@@ -54,7 +54,7 @@ def test_installed_wheel_imports_from_outside_the_repo(wheel, tmp_path):
     )
     code = (
         "import esbox, esbox.strategies.copes, esbox.adapters.functions, esbox.cli.main;"
-        "print(esbox.__file__); print(sorted(esbox.available_strategies()))"
+        "print(esbox.__file__); print(*sorted(esbox.available_strategies()))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
