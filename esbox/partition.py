@@ -26,10 +26,12 @@ def chunk_labels(
 ) -> torch.Tensor:
     """Subspace label (0..K-1) of every position of one chunk at one step."""
     seed = derive_seed(PARTITION_TAG, run_seed, step, num_subspaces, tensor_index, chunk_index)
+    dtype = torch.int32 if numel + num_subspaces < 2**31 else torch.int64
     perm = torch.randperm(
-        numel, generator=chunk_generator(seed, device), device=device, dtype=torch.int64
+        numel, generator=chunk_generator(seed, device), device=device, dtype=dtype
     )
-    return (perm + global_start) % num_subspaces
+    # (perm + global_start) % K, in place and without overflow: reduce the offset first
+    return perm.add_(global_start % num_subspaces).remainder_(num_subspaces)
 
 
 def chunk_mask(
