@@ -146,7 +146,24 @@ def split_rows(rows: Sequence[Any], heldout_size: int, seed: int) -> tuple[list[
 DEFAULT_MATH_INSTRUCTION = "\nPut your final answer within \\boxed{}."
 
 
-class MathTask(Task):
+class RowTask(Task):
+    """A task built from rows (mappings) that can also be read from JSONL/JSON/Parquet files."""
+
+    @classmethod
+    def from_files(
+        cls,
+        path: str | Path,
+        heldout_path: str | Path | None = None,
+        *,
+        limit: int | None = None,
+        **kwargs: Any,
+    ) -> RowTask:
+        """Train rows from ``path`` and held-out rows from ``heldout_path`` (in file order)."""
+        held = read_rows(heldout_path, limit) if heldout_path else None
+        return cls(read_rows(path, limit), held, **kwargs)
+
+
+class MathTask(RowTask):
     """Math word problems with a final answer; reward = correctness (+ ``format_weight`` if boxed).
 
     ``rows`` are mappings with ``question_key`` and ``answer_key``; GSM8K-style
@@ -198,18 +215,6 @@ class MathTask(Task):
 
         super().__init__([convert(r) for r in train], [convert(r) for r in heldout])
 
-    @classmethod
-    def from_files(
-        cls,
-        path: str | Path,
-        heldout_path: str | Path | None = None,
-        *,
-        limit: int | None = None,
-        **kwargs: Any,
-    ) -> MathTask:
-        held = read_rows(heldout_path, limit) if heldout_path else None
-        return cls(read_rows(path, limit), held, **kwargs)
-
     def score(self, completion: str, example: Example) -> float:
         if self.use_math_verify:
             return float(math_verify_match(completion, example.answer))
@@ -223,7 +228,7 @@ class MathTask(Task):
 # --------------------------------------------------------------------------- QA
 
 
-class QATask(Task):
+class QATask(RowTask):
     """Short-answer QA; reward = max over gold answers of exact match (``"em"``) or token F1.
 
     Rows carry ``question_key``, ``answers_key`` (a string or a list of strings)
@@ -268,18 +273,6 @@ class QATask(Task):
             )
 
         super().__init__([convert(r) for r in train], [convert(r) for r in heldout])
-
-    @classmethod
-    def from_files(
-        cls,
-        path: str | Path,
-        heldout_path: str | Path | None = None,
-        *,
-        limit: int | None = None,
-        **kwargs: Any,
-    ) -> QATask:
-        held = read_rows(heldout_path, limit) if heldout_path else None
-        return cls(read_rows(path, limit), held, **kwargs)
 
     def score(self, completion: str, example: Example) -> float:
         answer = completion.split("\n", 1)[0]

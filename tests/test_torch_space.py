@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 import esbox  # noqa: E402
 from esbox.adapters.rollouts import RolloutEvaluator  # noqa: E402
 from esbox.adapters.tasks import ArithmeticTask  # noqa: E402
+from esbox.adapters.testing import tiny_causal_lm  # noqa: E402
 from esbox.adapters.torch_space import TorchModuleSpace  # noqa: E402
 from esbox.noise import chunk_noise  # noqa: E402
 
@@ -20,21 +21,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def tiny_model(arch: str = "llama", dtype=torch.float32, seed: int = 0, tie: bool = True):
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=tie,
-    )
-    if arch == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    else:
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
-    return model.to(dtype).eval().requires_grad_(False)
+    model = tiny_causal_lm(arch, vocab_size=64, seed=seed, tie_word_embeddings=tie)
+    return model.to(dtype).requires_grad_(False)
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:
