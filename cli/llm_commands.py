@@ -152,3 +152,79 @@ def evaluate_cmd(
                 {"model": model, "task": parse_task(task_text), "split": split, **figures}, indent=2
             )
         )
+
+
+@click.command("memory")
+@click.option(
+    "--model", required=True, help="local HF model directory or config.json (no weights are loaded)"
+)
+@click.option(
+    "--context",
+    default="4k",
+    show_default=True,
+    help="tokens per sequence (prompt + completion): 4096, 32k, 128k, 1m",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="sequences decoded (and, for GRPO, back-propagated) together",
+)
+@click.option("--dtype", default="bfloat16", show_default=True, help="weight dtype")
+@click.option(
+    "--subspaces",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="CoPES K (adds the 1-byte-per-parameter partition labels when > 1)",
+)
+@click.option("--lora-rank", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option(
+    "--attention",
+    type=click.Choice(["flash", "eager"]),
+    default="flash",
+    show_default=True,
+    help="eager adds the s^2 attention activations to GRPO",
+)
+@click.option("--recompute", is_flag=True, help="GRPO with full activation checkpointing")
+@click.option("--formulas", is_flag=True, help="show the formula of every line")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+def memory_cmd(
+    model: str,
+    context: str,
+    batch: int,
+    dtype: str,
+    subspaces: int,
+    lora_rank: int,
+    attention: str,
+    recompute: bool,
+    formulas: bool,
+    as_json: bool,
+) -> None:
+    """Theoretical memory of one step: ES (esbox) vs full-parameter GRPO vs LoRA-GRPO.
+
+    \b
+    Examples:
+      esbox memory --model ~/.cache/esbox/models/smollm2-135m-instruct --context 128k
+      esbox memory --model path/to/Qwen2.5-7B --context 32k --batch 8 --subspaces 4
+    The formulas and assumptions are in docs/memory.md.
+    """
+    from esbox.adapters.memory import estimate_memory
+
+    try:
+        estimate = estimate_memory(
+            model,
+            context=context,
+            batch=batch,
+            dtype=dtype,
+            subspaces=subspaces,
+            lora_rank=lora_rank,
+            attention=attention,
+            recompute=recompute,
+        )
+    except (ValueError, OSError) as exc:
+        raise CLIError(str(exc)) from None
+    click.echo(
+        json.dumps(estimate.to_dict(), indent=2) if as_json else estimate.table(formulas=formulas)
+    )

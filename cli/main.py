@@ -8,7 +8,7 @@ import click
 
 import esbox
 from esbox.cli.errors import CLIError
-from esbox.cli.llm_commands import convert_model, evaluate_cmd
+from esbox.cli.llm_commands import convert_model, evaluate_cmd, memory_cmd
 from esbox.cli.optimize import optimize
 from esbox.cli.report import report
 from esbox.cli.resume import resume
@@ -47,6 +47,7 @@ cli.add_command(report)
 cli.add_command(strategies)
 cli.add_command(evaluate_cmd)
 cli.add_command(convert_model)
+cli.add_command(memory_cmd)
 
 
 def main() -> None:
