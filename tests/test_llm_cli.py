@@ -102,7 +102,7 @@ def test_evaluate_rejects_a_task_without_kind(tiny_lm):
 def test_memory_prints_es_grpo_and_lora_columns(tiny_lm):
     result = invoke("memory", "--model", str(tiny_lm), "--context", "128k", "--subspaces", "4")
     assert result.exit_code == 0, result.output
-    assert "ES (esbox)" in result.output and "GRPO (full)" in result.output
+    assert "ES (esbox, CoPES K=4)" in result.output and "GRPO (full)" in result.output
     assert "LoRA-GRPO" in result.output
     bad = invoke("memory", "--model", str(tiny_lm), "--context", "lots")
     assert bad.exit_code == 2 and "lots" in bad.output
