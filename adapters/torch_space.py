@@ -58,6 +58,7 @@ class TorchModuleSpace(ParameterSpace):
         exclude: Sequence[str] = (),
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         backup_device: torch.device | str = "cpu",
+        noise_threads: int | None = None,
     ) -> None:
         named = select_parameters(module, include, exclude)
         for name, param in named:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -47,3 +50,64 @@ def chunk_noise(
         out = torch.empty(numel, dtype=NOISE_DTYPE, device=device)
     seed = derive_seed(run_seed, step, member_seed, tensor_index, chunk_index)
     return fill_noise(out[:numel], seed)
+
+
+class NoiseFiller:
+    """Fills fp32 noise buffers from seeds, up to ``threads`` chunks ahead of the consumer.
+
+    Every chunk keeps its own generator, so the noise is identical for any thread count; only
+    the wall time changes (CPU generators are serial, so chunks are drawn in parallel). Memory
+    is ``threads + 1`` buffers of ``capacity`` elements per device, independent of N.
+    """
+
+    MIN_PARALLEL = 1 << 16  # smaller chunks are drawn inline: a thread hop costs more
+
+    def __init__(self, capacity: int, threads: int = 1) -> None:
+        self.capacity = capacity
+        self.threads = max(1, int(threads))
+        self._rings: dict[torch.device, list[torch.Tensor]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _ring(self, device: torch.device) -> list[torch.Tensor]:
+        if device not in self._rings:
+            size = self.threads + 1 if device.type == "cpu" else 1
+            self._rings[device] = [
+                torch.empty(self.capacity, dtype=NOISE_DTYPE, device=device) for _ in range(size)
+            ]
+        return self._rings[device]
+
+    def stream(self, requests: Sequence[tuple[int, int, torch.device]]) -> Iterator[torch.Tensor]:
+        """Noise for each ``(numel, seed, device)`` request, in order, in reused buffers.
+
+        A yielded buffer is valid until the next one is requested.
+        """
+        devices = {device for _, _, device in requests}
+        parallel = (
+            self.threads > 1
+            and devices == {torch.device("cpu")}
+            and max((n for n, _, _ in requests), default=0) >= self.MIN_PARALLEL
+        )
+        if not parallel:
+            for numel, seed, device in requests:
+                yield fill_noise(self._ring(device)[0][:numel], seed)
+            return
+        ring = self._ring(torch.device("cpu"))
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="esbox-noise")
+        pending: deque = deque()
+
+        def submit(j: int) -> None:
+            numel, seed, _ = requests[j]
+            pending.append(self._pool.submit(fill_noise, ring[j % len(ring)][:numel], seed))
+
+        for j in range(min(self.threads, len(requests))):
+            submit(j)
+        try:
+            for i in range(len(requests)):
+                eps = pending.popleft().result()
+                if i + self.threads < len(requests):
+                    submit(i + self.threads)
+                yield eps
+        finally:  # an abandoned stream must not leave writers on the shared buffers
+            for future in pending:
+                future.exception()

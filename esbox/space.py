@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from esbox.noise import NOISE_DTYPE, derive_seed, fill_noise
+from esbox.noise import NoiseFiller, derive_seed
 from esbox.optimizers import ChunkOptimizer, validate_optimizer
 from esbox.partition import chunk_labels
 from esbox.specs import Perturbation, Update
@@ -57,6 +57,8 @@ class ParameterSpace:
 
     Subclasses hand over the tensors (``VectorSpace`` a vector, the torch adapter a module's
     weights). Tensors are edited in place, so their storage addresses never change.
+    ``noise_threads`` CPU threads draw chunk noise ahead of its use (default: torch's thread
+    count, at most 4); the noise is the same for any value.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class ParameterSpace:
         *,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         backup_device: torch.device | str = "cpu",
+        noise_threads: int | None = None,
     ) -> None:
         self._flat = [t.detach().view(-1) for t in tensors]
         self.chunk_size = chunk_size
@@ -77,7 +80,9 @@ class ParameterSpace:
         }
         self._backup: dict[int, torch.Tensor] | None = None
         self._optimizer = ChunkOptimizer()
-        self._noise = torch.empty(0, dtype=NOISE_DTYPE)
+        largest = max((chunk.numel for chunk in self.chunks), default=1)
+        threads = noise_threads if noise_threads is not None else min(torch.get_num_threads(), 4)
+        self._filler = NoiseFiller(largest, threads)
         self._perturbed = False
         self._labels_key: tuple[int, int, int] | None = None
         self._labels_cache: dict[tuple[int, int], torch.Tensor] = {}
@@ -110,19 +115,19 @@ class ParameterSpace:
         self._perturbed = False
 
     # -- replayed noise -------------------------------------------------------------------------
-    def _noise_buffer(self, numel: int, device: torch.device) -> torch.Tensor:
-        if self._noise.numel() < numel or self._noise.device != device:
-            largest = max(chunk.numel for chunk in self.chunks)
-            self._noise = torch.empty(max(numel, largest), dtype=NOISE_DTYPE, device=device)
-        return self._noise[:numel]
-
-    def _chunk_noise(
-        self, chunk: Chunk, run_seed: int, step: int, seed: int, device: torch.device
-    ) -> torch.Tensor:
-        """The fp32 noise of one member on one chunk, in a reused buffer."""
-        out = self._noise_buffer(chunk.numel, device)
-        return fill_noise(
-            out, derive_seed(run_seed, step, seed, chunk.tensor_index, chunk.chunk_index)
+    def _member_noise(
+        self, run_seed: int, step: int, pairs: Sequence[tuple[Chunk, int]]
+    ) -> Iterator[torch.Tensor]:
+        """fp32 noise of each ``(chunk, member seed)`` pair, in order, in reused buffers."""
+        return self._filler.stream(
+            [
+                (
+                    chunk.numel,
+                    derive_seed(run_seed, step, seed, chunk.tensor_index, chunk.chunk_index),
+                    self._flat[chunk.tensor_index].device,
+                )
+                for chunk, seed in pairs
+            ]
         )
 
     def _labels(
@@ -155,9 +160,9 @@ class ParameterSpace:
     def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
         """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32; the buffer is reused)."""
         p = perturbation
-        for chunk in self.chunks:
-            device = self._flat[chunk.tensor_index].device
-            eps = self._chunk_noise(chunk, p.run_seed, p.step, p.seed, device)
+        stream = self._member_noise(p.run_seed, p.step, [(c, p.seed) for c in self.chunks])
+        for chunk, eps in zip(self.chunks, stream, strict=True):
+            device = eps.device
             if p.num_subspaces > 1:
                 mask = (
                     self._labels(chunk, p.run_seed, p.step, p.num_subspaces, device) == p.subspace
@@ -201,6 +206,8 @@ class ParameterSpace:
         by_partition: dict[int, list] = {}
         for term in update.terms:
             by_partition.setdefault(term.num_subspaces, []).append(term)
+        pairs = [(c, t.seed) for c in self.chunks for terms in by_partition.values() for t in terms]
+        stream = self._member_noise(update.run_seed, update.step, pairs)
         squared = 0.0
         for chunk in self.chunks:
             flat = self._flat[chunk.tensor_index]
@@ -214,9 +221,7 @@ class ParameterSpace:
                     else None
                 )
                 for term in terms:
-                    eps = self._chunk_noise(
-                        chunk, update.run_seed, update.step, term.seed, flat.device
-                    )
+                    eps = next(stream)
                     if labels is not None:
                         eps.mul_(labels == term.subspace)
                     grad.add_(eps.to(acc_dtype), alpha=term.coefficient)
