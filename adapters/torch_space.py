@@ -74,10 +74,8 @@ class TorchModuleSpace(ParameterSpace):
         self.names = [name for name, _ in named]
         with torch.no_grad():
             super().__init__(
-                [p for _, p in named], chunk_size=chunk_size, backup_device=backup_device
+                [p for _, p in named],
+                chunk_size=chunk_size,
+                backup_device=backup_device,
+                noise_threads=noise_threads,
             )
-
-    def named_state_dict(self) -> dict[str, torch.Tensor]:
-        """The selected parameters by their module names (CPU copies), e.g. to save the model."""
-        params = dict(self.module.named_parameters())
-        return {name: params[name].detach().cpu().clone() for name in self.names}
