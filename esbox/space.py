@@ -157,18 +157,20 @@ class ParameterSpace:
             self._labels_cache[index] = labels.to(small)
         return self._labels_cache[index]
 
-    def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
-        """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32; the buffer is reused)."""
+    def _directions(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
+        """Yield ``(chunk, mask * eps)`` for every chunk: the unscaled direction (fp32, reused)."""
         p = perturbation
         stream = self._member_noise(p.run_seed, p.step, [(c, p.seed) for c in self.chunks])
         for chunk, eps in zip(self.chunks, stream, strict=True):
-            device = eps.device
             if p.num_subspaces > 1:
-                mask = (
-                    self._labels(chunk, p.run_seed, p.step, p.num_subspaces, device) == p.subspace
-                )
-                eps.mul_(mask)
-            yield chunk, eps.mul_(p.scale)
+                labels = self._labels(chunk, p.run_seed, p.step, p.num_subspaces, eps.device)
+                eps.mul_(labels == p.subspace)
+            yield chunk, eps
+
+    def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
+        """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32; the buffer is reused)."""
+        for chunk, direction in self._directions(perturbation):
+            yield chunk, direction.mul_(perturbation.scale)
 
     # -- perturb / restore ------------------------------------------------------------------
     @contextmanager
@@ -183,15 +185,17 @@ class ParameterSpace:
         self._ensure_backup()
         self._perturbed = True
         try:
-            for chunk, delta in self.noise(perturbation):
+            scale = perturbation.scale
+            for chunk, direction in self._directions(perturbation):
                 flat = self._flat[chunk.tensor_index]
                 ref = self._reference(chunk.tensor_index)[chunk.start : chunk.stop]
                 target = flat[chunk.start : chunk.stop]
                 if flat.dtype == torch.float32 and ref.device == flat.device:
-                    torch.add(ref, delta, out=target)
+                    torch.add(ref, direction, alpha=scale, out=target)
                 else:
-                    dtype = torch.promote_types(ref.dtype, delta.dtype)
-                    target.copy_(ref.to(device=delta.device, dtype=dtype, copy=True).add_(delta))
+                    dtype = torch.promote_types(ref.dtype, direction.dtype)
+                    value = ref.to(device=direction.device, dtype=dtype, copy=True)
+                    target.copy_(value.add_(direction, alpha=scale))
             yield self
         finally:
             self._restore()
@@ -234,7 +238,7 @@ class ParameterSpace:
                 grad,
                 update.learning_rate,
             )
-            squared += float(delta.double().square().sum())
+            squared += float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
             theta.add_(delta.to(device=theta.device, dtype=theta.dtype))
             if chunk.tensor_index in self._master:
                 flat[chunk.start : chunk.stop].copy_(theta)
