@@ -33,6 +33,12 @@ class LLMProblemOptions:
     exclude: list = option([], "glob patterns of parameter names to keep frozen")
     chunk_size: int = option(DEFAULT_CHUNK_SIZE, "elements per noise chunk", minimum=1)
     backup_device: str = option("cpu", "where the exact backup / fp32 master lives")
+    noise: str = option(
+        "generator",
+        "generator: a Gaussian draw per chunk; table: windows of a "
+        "shared 128 MiB noise table (much cheaper on CPU)",
+        choices=("generator", "table"),
+    )
     task: dict = option({"kind": "arithmetic"}, "task: kind arithmetic|math|qa|datasets + options")
     batch_size: int = option(16, "prompts per step, shared by all members", minimum=1)
     max_new_tokens: int = option(
@@ -91,6 +97,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         exclude=options.exclude,
         chunk_size=options.chunk_size,
         backup_device=options.backup_device,
+        noise=options.noise,
     )
     backend = HFBackend(model, tokenizer)
     evaluator = RolloutEvaluator(

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from esbox.noise import DEFAULT_TABLE_SIZE
 from esbox.space import DEFAULT_CHUNK_SIZE, ParameterSpace
 
 
@@ -48,6 +49,8 @@ class TorchModuleSpace(ParameterSpace):
     ``include``/``exclude`` are glob patterns on parameter names, e.g.
     ``include=["*.self_attn.*", "*.mlp.*"]``. ``backup_device`` holds the exact backup and
     the fp32 masters ("cpu" by default; the module's device when it fits and is asked for).
+    ``noise="table"`` trades independent Gaussian draws for windows of a shared noise table,
+    several times cheaper per member on CPU (see ``esbox.noise.NoiseTable``).
     """
 
     def __init__(
@@ -59,6 +62,8 @@ class TorchModuleSpace(ParameterSpace):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         backup_device: torch.device | str = "cpu",
         noise_threads: int | None = None,
+        noise: str = "generator",
+        table_size: int = DEFAULT_TABLE_SIZE,
     ) -> None:
         named = select_parameters(module, include, exclude)
         for name, param in named:
@@ -78,4 +83,6 @@ class TorchModuleSpace(ParameterSpace):
                 chunk_size=chunk_size,
                 backup_device=backup_device,
                 noise_threads=noise_threads,
+                noise=noise,
+                table_size=table_size,
             )

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from esbox.noise import NoiseFiller, derive_seed
+from esbox.errors import ResumeError
+from esbox.noise import DEFAULT_TABLE_SIZE, NOISE_MODES, NoiseFiller, NoiseTable, derive_seed
 from esbox.optimizers import ChunkOptimizer, validate_optimizer
 from esbox.partition import chunk_labels
 from esbox.specs import Perturbation, Update
@@ -58,7 +59,9 @@ class ParameterSpace:
     Subclasses hand over the tensors (``VectorSpace`` a vector, the torch adapter a module's
     weights). Tensors are edited in place, so their storage addresses never change.
     ``noise_threads`` CPU threads draw chunk noise ahead of its use (default: torch's thread
-    count, at most 4); the noise is the same for any value.
+    count, at most 4); the noise is the same for any value. ``noise="table"`` takes each chunk's
+    noise from a window of a shared seeded table instead (see ``NoiseTable``): much cheaper on
+    CPU, at the price of overlapping windows. Replicas must use the same mode and table size.
     """
 
     def __init__(
@@ -68,7 +71,11 @@ class ParameterSpace:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         backup_device: torch.device | str = "cpu",
         noise_threads: int | None = None,
+        noise: str = "generator",
+        table_size: int = DEFAULT_TABLE_SIZE,
     ) -> None:
+        if noise not in NOISE_MODES:
+            raise ValueError(f"noise must be one of {', '.join(NOISE_MODES)}, got {noise!r}")
         self._flat = [t.detach().view(-1) for t in tensors]
         self.chunk_size = chunk_size
         self.chunks = chunk_layout([t.numel() for t in self._flat], chunk_size)
@@ -82,7 +89,12 @@ class ParameterSpace:
         self._optimizer = ChunkOptimizer()
         largest = max((chunk.numel for chunk in self.chunks), default=1)
         threads = noise_threads if noise_threads is not None else min(torch.get_num_threads(), 4)
-        self._filler = NoiseFiller(largest, threads)
+        self.noise_mode = noise
+        table = NoiseTable(table_size) if noise == "table" else None
+        self._table_size = table_size if table is not None else 0
+        if table is not None and largest > table_size:
+            raise ValueError(f"chunk_size {largest} exceeds the noise table ({table_size})")
+        self._filler = NoiseFiller(largest, threads, table)
         self._perturbed = False
         self._labels_key: tuple[int, int, int] | None = None
         self._labels_cache: dict[tuple[int, int], torch.Tensor] = {}
@@ -252,10 +264,17 @@ class ParameterSpace:
         out.update({f"master.{i}": m.detach().cpu().clone() for i, m in self._master.items()})
         out.update({k: v.detach().cpu().clone() for k, v in self._optimizer.state_dict().items()})
         out["optimizer_steps"] = torch.tensor([self._optimizer.steps], dtype=torch.int64)
+        out["noise_table_size"] = torch.tensor([self._table_size], dtype=torch.int64)
         return out
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Load in place (storage addresses are kept); shapes and dtypes must match."""
+        """Load in place (storage addresses are kept); shapes, dtypes and noise must match."""
+        saved_table = int(tensors.get("noise_table_size", torch.zeros(1))[0])
+        if saved_table != self._table_size:
+            raise ResumeError(
+                f"the checkpoint was written with noise table size {saved_table} "
+                f"(0: generator noise), this space uses {self._table_size}"
+            )
         for i, flat in enumerate(self._flat):
             saved = tensors[f"param.{i}"]
             if saved.shape != flat.shape or saved.dtype != flat.dtype:

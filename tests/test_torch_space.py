@@ -220,3 +220,29 @@ def test_resume_is_bit_identical(tmp_path):
     resumed, resumed_history = run(4, "resumed", resume=tmp_path / "interrupted")
     assert same(full, resumed)
     assert [h["reward_mean"] for h in history] == [h["reward_mean"] for h in resumed_history]
+
+
+def test_noise_table_mode_restores_replays_and_keeps_members_apart(tmp_path):
+    model, twin = tiny_model(), tiny_model()
+    space = TorchModuleSpace(model, chunk_size=500, noise="table", table_size=4096)
+    replica = TorchModuleSpace(twin, chunk_size=500, noise="table", table_size=4096)
+    before = snapshot(model)
+    es = population(space, subspaces=2, population=8, antithetic=False)
+    members = es.ask()
+    first = torch.cat([eps.clone() for _, eps in space.noise(members[0])])
+    with pytest.raises(RuntimeError, match="boom"), space.perturbed(members[0]):
+        raise RuntimeError("boom")
+    assert same(before, snapshot(model))
+    other = torch.cat([eps.clone() for _, eps in space.noise(members[2])])  # same subspace
+    assert not torch.equal(first, other)
+    masks = [torch.cat([eps != 0 for _, eps in space.noise(p)]) for p in members[::4]]
+    assert not (masks[0] & masks[1]).any(), "subspaces overlap in table mode"
+    update = es.tell(np.arange(8.0))
+    space.apply(update)
+    replica.apply(esbox.Update.from_dict(update.to_dict()))
+    assert same(snapshot(model), snapshot(twin))
+    generator_space = TorchModuleSpace(tiny_model(), chunk_size=500)
+    with pytest.raises(esbox.ResumeError, match="noise table"):
+        generator_space.load_state_dict(space.state_dict())
+    with pytest.raises(ValueError, match="exceeds the noise table"):
+        TorchModuleSpace(model, chunk_size=5000, noise="table", table_size=1000)
