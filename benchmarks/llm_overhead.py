@@ -145,7 +145,7 @@ def child_timing(args: argparse.Namespace) -> dict[str, Any]:
     env = setup(args)
     rollout, model = env["rollout"], env["model"]
     rollout(2)  # warm-up
-    space = TorchModuleSpace(model)
+    space = TorchModuleSpace(model, noise=args.noise)
     out: dict[str, Any] = {"dimension": space.dimension, "strategies": {}}
     clocks = (time.perf_counter, time.process_time)
     for name, options in STRATEGIES:
@@ -274,7 +274,7 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
 
         name = args.child.removeprefix("es_")
         options = dict(STRATEGIES)[name]
-        space = TorchModuleSpace(model)
+        space = TorchModuleSpace(model, noise=args.noise)
         strat = strategy(name, space, args.population, antithetic=False, **options)
         members = strat.ask()
         before = rss_mib()
@@ -332,6 +332,8 @@ def run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.new_tokens),
         "--population",
         str(args.population),
+        "--noise",
+        args.noise,
     ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -444,6 +446,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--population", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="4 prompts x 8 tokens, N = 8")
+    parser.add_argument(
+        "--noise",
+        choices=("generator", "table"),
+        default="generator",
+        help="the space's noise mode (table: windows of a shared noise table)",
+    )
     parser.add_argument("--json", help="also write the raw measurements here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
