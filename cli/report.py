@@ -94,6 +94,42 @@ def _figure(
     fig.savefig(path, dpi=110)
 
 
+def validation_points(run: RunData) -> list[tuple[int, int, float]]:
+    """(updates applied, evaluations, held-out accuracy): the baseline, then every validation."""
+    baseline = run.summary.get("baseline") or {}
+    points = [(0, 0, float(baseline["val_accuracy"]))] if "val_accuracy" in baseline else []
+    for row in run.metrics:
+        if row.get("val_accuracy") is not None:
+            step = int(row.get("val_step", int(row["step"]) + 1))
+            points.append((step, int(row["evaluations"]), float(row["val_accuracy"])))
+    return points
+
+
+def _validation_figure(runs: list[RunData], path: Path) -> None:
+    """Held-out accuracy against updates and evaluations, one marked line per run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, column, xlabel in zip(axes, (0, 1), ("updates", "evaluations"), strict=True):
+        for index, run in enumerate(runs):
+            points = validation_points(run)
+            ax.plot(
+                [p[column] for p in points],
+                [p[2] for p in points],
+                "o-",
+                color=f"C{index % 10}",
+                label=run.label,
+            )
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out accuracy")
+    axes[1].legend(fontsize="small", loc="best")
+    fig.savefig(path, dpi=110)
+
+
 def _wide_positive(runs: list[RunData]) -> bool:
     """Whether best-so-far values are all positive and span enough for a log axis."""
     values = [v for run in runs for v in _values(run, run.best_key()) if math.isfinite(v)]
@@ -101,7 +137,8 @@ def _wide_positive(runs: list[RunData]) -> bool:
 
 
 def plot_runs(runs: list[RunData], out: Path) -> list[Path]:
-    """Write reward.png (mean and max reward) and best.png (best so far); returns their paths."""
+    """Write reward.png (mean and max reward), best.png (best so far) and, for runs with a
+    held-out validation (LLM runs), validation.png; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     reward, best = out / "reward.png", out / "best.png"
     _figure(
@@ -113,7 +150,11 @@ def plot_runs(runs: list[RunData], out: Path) -> list[Path]:
     keys = {run.best_key() for run in runs}
     ylabel = "best value so far" if keys == {"best_value"} else "best so far"
     _figure(runs, [("best", "-", "")], ylabel, best, log_y=_wide_positive(runs))
-    return [reward, best]
+    images = [reward, best]
+    if any(validation_points(run) for run in runs):
+        images.append(out / "validation.png")
+        _validation_figure(runs, images[-1])
+    return images
 
 
 def _fmt(value: Any, digits: int = 6) -> str:
@@ -135,6 +176,7 @@ def table(runs: list[RunData]) -> str:
         "best",
         "last reward mean",
         "wall s",
+        "held-out accuracy",
         "stop",
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -150,10 +192,18 @@ def table(runs: list[RunData]) -> str:
             last.get(run.best_key()),
             last.get("reward_mean"),
             _fmt(last.get("wall_seconds"), 3),
+            _accuracy_change(run),
             s.get("stop_reason", "running or killed"),
         )
         lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
     return "\n".join(lines)
+
+
+def _accuracy_change(run: RunData) -> str:
+    points = validation_points(run)
+    if not points:
+        return "—"
+    return f"{points[0][2]:.3f} → {points[-1][2]:.3f}" if len(points) > 1 else f"{points[0][2]:.3f}"
 
 
 def _labels(runs: list[RunData]) -> None:

@@ -57,6 +57,10 @@ def test_optimize_llm_writes_model_metrics_and_validation(tiny_lm, tmp_path):
     assert len(rows) == 3 and "val_accuracy" in rows[1]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["baseline"]["val_step"] == 0 and "val_accuracy" in summary["baseline"]
+    report = invoke("report", str(run), "--out", str(tmp_path / "report"))
+    assert report.exit_code == 0, report.output
+    assert (tmp_path / "report" / "validation.png").stat().st_size > 10_000
+    assert " → " in report.output  # held-out accuracy from the baseline to the last check
 
 
 def test_llm_resume_is_bit_identical(tiny_lm, tmp_path):
