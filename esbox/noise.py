@@ -110,10 +110,13 @@ class NoiseFiller:
             ]
         return self._rings[device]
 
-    def stream(self, requests: Sequence[tuple[int, int, torch.device]]) -> Iterator[torch.Tensor]:
+    def stream(
+        self, requests: Sequence[tuple[int, int, torch.device]], writable: bool = True
+    ) -> Iterator[torch.Tensor]:
         """Noise for each ``(numel, seed, device)`` request, in order, in reused buffers.
 
-        A yielded buffer is valid until the next one is requested.
+        A yielded buffer is valid until the next one is requested. With ``writable=False``
+        the caller promises not to modify it, and table noise is yielded as a view (no copy).
         """
         devices = {device for _, _, device in requests}
         parallel = (
@@ -124,11 +127,11 @@ class NoiseFiller:
         )
         if not parallel:
             for numel, seed, device in requests:
-                out = self._ring(device)[0][:numel]
                 if self.table is not None:
-                    yield out.copy_(self.table.window(seed, numel, device))
+                    window = self.table.window(seed, numel, device)
+                    yield self._ring(device)[0][:numel].copy_(window) if writable else window
                 else:
-                    yield fill_noise(out, seed)
+                    yield fill_noise(self._ring(device)[0][:numel], seed)
             return
         ring = self._ring(torch.device("cpu"))
         if self._pool is None:

@@ -128,9 +128,10 @@ class ParameterSpace:
 
     # -- replayed noise -------------------------------------------------------------------------
     def _member_noise(
-        self, run_seed: int, step: int, pairs: Sequence[tuple[Chunk, int]]
+        self, run_seed: int, step: int, pairs: Sequence[tuple[Chunk, int]], writable: bool = True
     ) -> Iterator[torch.Tensor]:
-        """fp32 noise of each ``(chunk, member seed)`` pair, in order, in reused buffers."""
+        """fp32 noise of each ``(chunk, member seed)`` pair, in order, in reused buffers
+        (read-only views of the noise table when not ``writable``)."""
         return self._filler.stream(
             [
                 (
@@ -139,7 +140,8 @@ class ParameterSpace:
                     self._flat[chunk.tensor_index].device,
                 )
                 for chunk, seed in pairs
-            ]
+            ],
+            writable,
         )
 
     def _labels(
@@ -170,9 +172,11 @@ class ParameterSpace:
         return self._labels_cache[index]
 
     def _directions(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
-        """Yield ``(chunk, mask * eps)`` for every chunk: the unscaled direction (fp32, reused)."""
+        """Yield ``(chunk, mask * eps)`` for every chunk: the unscaled direction (fp32, reused,
+        read-only)."""
         p = perturbation
-        stream = self._member_noise(p.run_seed, p.step, [(c, p.seed) for c in self.chunks])
+        pairs = [(c, p.seed) for c in self.chunks]
+        stream = self._member_noise(p.run_seed, p.step, pairs, writable=p.num_subspaces > 1)
         for chunk, eps in zip(self.chunks, stream, strict=True):
             if p.num_subspaces > 1:
                 labels = self._labels(chunk, p.run_seed, p.step, p.num_subspaces, eps.device)
@@ -180,9 +184,9 @@ class ParameterSpace:
             yield chunk, eps
 
     def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
-        """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32; the buffer is reused)."""
+        """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32, a fresh tensor each)."""
         for chunk, direction in self._directions(perturbation):
-            yield chunk, direction.mul_(perturbation.scale)
+            yield chunk, direction * perturbation.scale
 
     # -- perturb / restore ------------------------------------------------------------------
     @contextmanager
@@ -223,7 +227,8 @@ class ParameterSpace:
         for term in update.terms:
             by_partition.setdefault(term.num_subspaces, []).append(term)
         pairs = [(c, t.seed) for c in self.chunks for terms in by_partition.values() for t in terms]
-        stream = self._member_noise(update.run_seed, update.step, pairs)
+        masked = any(t.num_subspaces > 1 for t in update.terms)
+        stream = self._member_noise(update.run_seed, update.step, pairs, writable=masked)
         squared = 0.0
         for chunk in self.chunks:
             flat = self._flat[chunk.tensor_index]

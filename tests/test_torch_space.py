@@ -246,3 +246,19 @@ def test_noise_table_mode_restores_replays_and_keeps_members_apart(tmp_path):
         generator_space.load_state_dict(space.state_dict())
     with pytest.raises(ValueError, match="exceeds the noise table"):
         TorchModuleSpace(model, chunk_size=5000, noise="table", table_size=1000)
+
+
+def test_noise_table_is_never_written_by_unmasked_perturbations_and_updates():
+    model = tiny_model()
+    space = TorchModuleSpace(model, chunk_size=500, noise="table", table_size=4096)
+    es = population(space, "openai_es", population=4)
+    members = es.ask()
+    with space.perturbed(members[0]):
+        pass
+    table = space._filler.table._tables[torch.device("cpu")]
+    before = table.clone()
+    for p in members:
+        with space.perturbed(p):
+            pass
+    space.apply(es.tell(np.arange(4.0)))
+    assert torch.equal(table, before)
