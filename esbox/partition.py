@@ -32,21 +32,3 @@ def chunk_labels(
     )
     # (perm + global_start) % K, in place and without overflow: reduce the offset first
     return perm.add_(global_start % num_subspaces).remainder_(num_subspaces)
-
-
-def chunk_mask(
-    run_seed: int,
-    step: int,
-    num_subspaces: int,
-    subspace: int,
-    tensor_index: int,
-    chunk_index: int,
-    numel: int,
-    global_start: int,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    """Boolean mask of the positions of one chunk that belong to ``subspace``."""
-    labels = chunk_labels(
-        run_seed, step, num_subspaces, tensor_index, chunk_index, numel, global_start, device
-    )
-    return labels == subspace

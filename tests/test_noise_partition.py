@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from esbox.noise import NOISE_DTYPE, chunk_noise, derive_seed
-from esbox.partition import chunk_labels, chunk_mask
+from esbox.partition import chunk_labels
 from esbox.space import ParameterSpace, VectorSpace, chunk_layout
 from esbox.specs import Perturbation
 
@@ -154,9 +154,10 @@ def test_partition_disjoint_covering_and_balanced(case) -> None:
     masks = [
         torch.cat(
             [
-                chunk_mask(
-                    run_seed, step, k, s, c.tensor_index, c.chunk_index, c.numel, c.global_start
+                chunk_labels(
+                    run_seed, step, k, c.tensor_index, c.chunk_index, c.numel, c.global_start
                 )
+                == s
                 for c in chunk_layout(numels, chunk_size)
             ]
         ).numpy()
