@@ -11,6 +11,7 @@ checking), :class:`QATask` (exact match / token F1) and
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ class Example:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-class Task:
+class Task(ABC):
     """Prompts + a verifiable reward. Subclasses set the splits and implement :meth:`score`.
 
     ``score`` is correctness in [0, 1]; ``reward`` adds any shaping on top (a
@@ -59,8 +60,9 @@ class Task:
         self.train = list(train)
         self.heldout = list(heldout)
 
+    @abstractmethod
     def score(self, completion: str, example: Example) -> float:
-        raise NotImplementedError
+        """Correctness of ``completion`` for ``example``, in [0, 1]."""
 
     def reward(self, completion: str, example: Example) -> float:
         return self.score(completion, example)

@@ -115,10 +115,17 @@ def test_sample_batch_is_a_function_of_seed_and_step():
         task.sample_batch(step=-1, size=4)
 
 
+class ExactTask(Task):
+    """The smallest concrete task: the completion must equal the answer."""
+
+    def score(self, completion: str, example: Example) -> float:
+        return float(completion == example.answer)
+
+
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 30), size=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
 def test_sample_batch_covers_each_example_once_per_epoch(n, size, seed):
-    task = Task([Example(str(i), str(i)) for i in range(n)], [])
+    task = ExactTask([Example(str(i), str(i)) for i in range(n)], [])
     steps = n * 2  # enough batches for at least two epochs
     drawn = [e.answer for s in range(steps) for e in task.sample_batch(s, size, seed)]
     assert all(len(task.sample_batch(s, size, seed)) == size for s in range(3))
@@ -349,14 +356,6 @@ def test_evaluate_with_fake_backend():
     sampled = evaluate(task, backend, limit=10, num_samples=4)
     assert {"pass@1", "pass@2", "pass@4"} <= set(sampled)
     assert backend.calls[-1]["greedy"] is False
-
-
-def test_docs_example_runs():
-    doc = Path(__file__).resolve().parents[1] / "docs" / "tasks.md"
-    if not doc.exists():
-        pytest.skip("docs/tasks.md not written yet")
-    for block in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S):
-        exec(compile(block, str(doc), "exec"), {})
 
 
 def test_load_task_names_a_bad_option_instead_of_a_type_error():
