@@ -47,8 +47,13 @@ class FunctionEvaluator:
         return np.isfinite(value) and self.sign * value > self.sign * self.best_value
 
     def _record(self, value: float, x: np.ndarray) -> None:
-        if self._better(value):
-            self.best_value, self.best_x = float(value), np.array(x, copy=True)
+        if not self._better(value):
+            return
+        self.best_value = float(value)
+        if self.best_x is not None and self.best_x.shape == np.shape(x):
+            np.copyto(self.best_x, x)  # in place: never two d-sized copies at once
+        else:
+            self.best_x = np.array(x, copy=True)
 
     def evaluate(self, space: ParameterSpace, perturbations: Sequence[Perturbation]) -> np.ndarray:
         if not isinstance(space, VectorSpace):

@@ -213,17 +213,25 @@ class Runner:
         return tensors, state
 
     def save(self) -> Path:
-        """Write a checkpoint of the current step to ``checkpoint_dir``."""
+        """Write a checkpoint of the current step to ``checkpoint_dir``.
+
+        Signals are held meanwhile, so Ctrl-C never leaves a half-written history line.
+        """
         if self.checkpoint_dir is None:
             raise ConfigError("this run has no checkpoint_dir")
-        tensors, state = self.state()
-        if self._history_saved == 0:  # this run owns the file: drop an earlier run's records
-            (self.checkpoint_dir / HISTORY).unlink(missing_ok=True)
-        append_history(self.checkpoint_dir, self.history[self._history_saved :])
-        self._history_saved = len(self.history)
-        return save_checkpoint(
-            self.checkpoint_dir, self.strategy.step, tensors, state, keep=self.keep_checkpoints
-        )
+        with held_signals():
+            tensors, state = self.state()
+            if self._history_saved == 0:  # this run owns the file: drop an earlier run's records
+                (self.checkpoint_dir / HISTORY).unlink(missing_ok=True)
+            append_history(self.checkpoint_dir, self.history[self._history_saved :])
+            self._history_saved = len(self.history)
+            return save_checkpoint(
+                self.checkpoint_dir,
+                self.strategy.step,
+                tensors,
+                state,
+                keep=self.keep_checkpoints,
+            )
 
     def resume(self, path: str | Path) -> None:
         """Load the newest checkpoint under ``path`` and check the seed stream matches it."""
