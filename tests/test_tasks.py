@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -268,14 +269,10 @@ def test_load_task_kinds():
         load_task({"kind": "nope"})
 
 
-def test_datasets_kind_names_the_missing_package():
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="pip install datasets"):
-            load_task({"kind": "datasets", "name": "openai/gsm8k", "config": "main"})
-    else:  # pragma: no cover - no network here, so do not call it
-        pytest.skip("datasets is installed; loading by name needs network")
+def test_datasets_kind_names_the_missing_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
+    with pytest.raises(ImportError, match="pip install datasets"):
+        load_task({"kind": "datasets", "name": "openai/gsm8k", "config": "main"})
 
 
 # --------------------------------------------------------------------------- metrics
