@@ -39,6 +39,11 @@ class LLMProblemOptions:
         "shared 128 MiB noise table (much cheaper on CPU)",
         choices=("generator", "table"),
     )
+    reflect_antithetic: bool = option(
+        False,
+        "realise an antithetic twin as 2 theta - x (no second noise draw; "
+        "within a rounding of theta - sigma eps)",
+    )
     task: dict = option({"kind": "arithmetic"}, "task: kind arithmetic|math|qa|datasets + options")
     batch_size: int = option(16, "prompts per step, shared by all members", minimum=1)
     max_new_tokens: int = option(
@@ -98,6 +103,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         chunk_size=options.chunk_size,
         backup_device=options.backup_device,
         noise=options.noise,
+        reflect_antithetic=options.reflect_antithetic,
     )
     backend = HFBackend(model, tokenizer)
     evaluator = RolloutEvaluator(

@@ -85,8 +85,8 @@ class RolloutEvaluator:
         step = perturbations[0].step
         batch = self.task.sample_batch(step, self.batch_size, self.seed)
         rewards = np.empty(len(perturbations))
-        for i, p in enumerate(perturbations):
-            with space.perturbed(p):
+        with space.sweep(perturbations) as members:
+            for i, p in enumerate(members):
                 rewards[i] = self.rollout(batch, step, p.context)
         return rewards
 

@@ -50,7 +50,8 @@ class TorchModuleSpace(ParameterSpace):
     ``include=["*.self_attn.*", "*.mlp.*"]``. ``backup_device`` holds the exact backup and
     the fp32 masters ("cpu" by default; the module's device when it fits and is asked for).
     ``noise="table"`` trades independent Gaussian draws for windows of a shared noise table,
-    several times cheaper per member on CPU (see ``esbox.noise.NoiseTable``).
+    several times cheaper per member on CPU (see ``esbox.noise.NoiseTable``), and
+    ``reflect_antithetic`` halves the draws of antithetic pairs (see ``ParameterSpace``).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class TorchModuleSpace(ParameterSpace):
         noise_threads: int | None = None,
         noise: str = "generator",
         table_size: int = DEFAULT_TABLE_SIZE,
+        reflect_antithetic: bool = False,
     ) -> None:
         named = select_parameters(module, include, exclude)
         for name, param in named:
@@ -85,4 +87,5 @@ class TorchModuleSpace(ParameterSpace):
                 noise_threads=noise_threads,
                 noise=noise,
                 table_size=table_size,
+                reflect_antithetic=reflect_antithetic,
             )

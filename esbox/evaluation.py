@@ -1,4 +1,4 @@
-"""Evaluators score a population: each member under ``space.perturbed(p)`` (or materialized)."""
+"""Evaluators score a population: each member in turn inside one ``space.sweep``."""
 
 from __future__ import annotations
 
@@ -61,9 +61,8 @@ class FunctionEvaluator:
         values = np.empty(len(perturbations))
         if self.batched:
             for lo in range(0, len(perturbations), self.batch_size):
-                batch = np.stack(
-                    [space.materialize(p) for p in perturbations[lo : lo + self.batch_size]]
-                )
+                with space.sweep(perturbations[lo : lo + self.batch_size]) as members:
+                    batch = np.stack([space.vector.copy() for _ in members])
                 out = np.asarray(self.fn(batch), dtype=np.float64).reshape(-1)
                 if out.size != len(batch):
                     raise ValueError(
@@ -73,8 +72,8 @@ class FunctionEvaluator:
                 for value, x in zip(out, batch, strict=True):
                     self._record(float(value), x)
         else:
-            for i, p in enumerate(perturbations):
-                with space.perturbed(p):
+            with space.sweep(perturbations) as members:
+                for i, _ in enumerate(members):
                     values[i] = _scalar(self.fn(space.vector))
                     if self._better(values[i]):
                         self._record(values[i], space.vector)

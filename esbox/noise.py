@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
@@ -14,6 +15,8 @@ NOISE_DTYPE = torch.float32
 NOISE_MODES = ("generator", "table")
 DEFAULT_TABLE_SIZE = 1 << 25  # 128 MiB of fp32 noise
 TABLE_TAG = 0x5441_424C  # "TABL": keeps the table's stream apart from chunk streams
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def derive_seed(*parts: int) -> int:
@@ -110,6 +113,18 @@ class NoiseFiller:
             ]
         return self._rings[device]
 
+    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``[fn(x) for x in items]``, spread over the filler's threads when it has several
+        (for chunk-local work, such as a step's partition, that releases the GIL)."""
+        if self.threads == 1 or len(items) < 2:
+            return [fn(item) for item in items]
+        return list(self._executor().map(fn, items))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="esbox-noise")
+        return self._pool
+
     def stream(
         self, requests: Sequence[tuple[int, int, torch.device]], writable: bool = True
     ) -> Iterator[torch.Tensor]:
@@ -134,13 +149,12 @@ class NoiseFiller:
                     yield fill_noise(self._ring(device)[0][:numel], seed)
             return
         ring = self._ring(torch.device("cpu"))
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="esbox-noise")
+        pool = self._executor()
         pending: deque = deque()
 
         def submit(j: int) -> None:
             numel, seed, _ = requests[j]
-            pending.append(self._pool.submit(fill_noise, ring[j % len(ring)][:numel], seed))
+            pending.append(pool.submit(fill_noise, ring[j % len(ring)][:numel], seed))
 
         for j in range(min(self.threads, len(requests))):
             submit(j)

@@ -18,8 +18,8 @@ import torch
 from esbox.errors import ResumeError
 from esbox.noise import DEFAULT_TABLE_SIZE, NOISE_MODES, NoiseFiller, NoiseTable, derive_seed
 from esbox.optimizers import ChunkOptimizer, validate_optimizer
-from esbox.partition import chunk_labels
-from esbox.specs import Perturbation, Update
+from esbox.partition import chunk_labels, pack_labels, subspace_mask
+from esbox.specs import Perturbation, Term, Update
 
 DEFAULT_CHUNK_SIZE = 1 << 22
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -62,6 +62,12 @@ class ParameterSpace:
     count, at most 4); the noise is the same for any value. ``noise="table"`` takes each chunk's
     noise from a window of a shared seeded table instead (see ``NoiseTable``): much cheaper on
     CPU, at the price of overlapping windows. Replicas must use the same mode and table size.
+
+    ``reflect_antithetic=True`` realises an antithetic twin that directly follows its partner
+    in a sweep as ``2 * reference - x`` instead of drawing its noise again: half the noise
+    draws for antithetic strategies. The twin then lies within a rounding of
+    ``theta - sigma * eps`` rather than being that value bit for bit (DESIGN: restoring by
+    arithmetic is an explicit option); runs stay reproducible, and the update is unchanged.
     """
 
     def __init__(
@@ -73,6 +79,7 @@ class ParameterSpace:
         noise_threads: int | None = None,
         noise: str = "generator",
         table_size: int = DEFAULT_TABLE_SIZE,
+        reflect_antithetic: bool = False,
     ) -> None:
         if noise not in NOISE_MODES:
             raise ValueError(f"noise must be one of {', '.join(NOISE_MODES)}, got {noise!r}")
@@ -97,7 +104,10 @@ class ParameterSpace:
         self._filler = NoiseFiller(largest, threads, table)
         self._perturbed = False
         self._labels_key: tuple[int, int, int] | None = None
-        self._labels_cache: dict[tuple[int, int], torch.Tensor] = {}
+        self._labels_cache: list[torch.Tensor] = []
+        self._largest = largest
+        self._mask_buffers: dict[torch.device, torch.Tensor] = {}
+        self.reflect_antithetic = reflect_antithetic
 
     @property
     def dimension(self) -> int:
@@ -144,32 +154,46 @@ class ParameterSpace:
             writable,
         )
 
-    def _labels(
-        self, chunk: Chunk, run_seed: int, step: int, num_subspaces: int, device: torch.device
-    ) -> torch.Tensor:
-        """Subspace labels of a chunk, cached for the current step (d bytes at most).
+    def _partition(self, run_seed: int, step: int, num_subspaces: int) -> list[torch.Tensor]:
+        """Packed subspace labels of every chunk for one step, drawn once and cached.
 
         Every member of a step and its update share one partition, so it is drawn once per
-        chunk and step instead of once per member.
+        step (chunks in parallel threads) instead of once per member; packing keeps the cache
+        at ``bits / 8`` bytes a weight (K = 4: 2 bits).
         """
         key = (run_seed, step, num_subspaces)
         if self._labels_key != key:
-            self._labels_key, self._labels_cache = key, {}
-        index = (chunk.tensor_index, chunk.chunk_index)
-        if index not in self._labels_cache:
-            labels = chunk_labels(
-                run_seed,
-                step,
-                num_subspaces,
-                chunk.tensor_index,
-                chunk.chunk_index,
-                chunk.numel,
-                chunk.global_start,
-                device,
-            )
-            small = torch.uint8 if num_subspaces <= 256 else torch.int32
-            self._labels_cache[index] = labels.to(small)
-        return self._labels_cache[index]
+
+            def draw(chunk: Chunk) -> torch.Tensor:
+                labels = chunk_labels(
+                    run_seed,
+                    step,
+                    num_subspaces,
+                    chunk.tensor_index,
+                    chunk.chunk_index,
+                    chunk.numel,
+                    chunk.global_start,
+                    self._flat[chunk.tensor_index].device,
+                )
+                return pack_labels(labels, num_subspaces)
+
+            self._labels_key, self._labels_cache = None, []  # free the old step's cache first
+            self._labels_cache = self._filler.map(draw, self.chunks)
+            self._labels_key = key
+        return self._labels_cache
+
+    def _mask(
+        self, chunk_position: int, run_seed: int, step: int, spec: Term | Perturbation
+    ) -> torch.Tensor:
+        """fp32 0/1 mask of ``spec``'s subspace over chunk ``chunk_position`` (a reused buffer)."""
+        chunk = self.chunks[chunk_position]
+        packed = self._partition(run_seed, step, spec.num_subspaces)[chunk_position]
+        device = packed.device
+        if device not in self._mask_buffers:
+            size = self._largest + 8
+            self._mask_buffers[device] = torch.empty(size, dtype=torch.float32, device=device)
+        buffer = self._mask_buffers[device]
+        return subspace_mask(packed, chunk.numel, spec.num_subspaces, spec.subspace, out=buffer)
 
     def _directions(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
         """Yield ``(chunk, mask * eps)`` for every chunk: the unscaled direction (fp32, reused,
@@ -177,10 +201,9 @@ class ParameterSpace:
         p = perturbation
         pairs = [(c, p.seed) for c in self.chunks]
         stream = self._member_noise(p.run_seed, p.step, pairs, writable=p.num_subspaces > 1)
-        for chunk, eps in zip(self.chunks, stream, strict=True):
+        for position, (chunk, eps) in enumerate(zip(self.chunks, stream, strict=True)):
             if p.num_subspaces > 1:
-                labels = self._labels(chunk, p.run_seed, p.step, p.num_subspaces, eps.device)
-                eps.mul_(labels == p.subspace)
+                eps.mul_(self._mask(position, p.run_seed, p.step, p))
             yield chunk, eps
 
     def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
@@ -190,31 +213,74 @@ class ParameterSpace:
 
     # -- perturb / restore ------------------------------------------------------------------
     @contextmanager
-    def perturbed(self, perturbation: Perturbation) -> Iterator[ParameterSpace]:
-        """Hold the parameters at ``theta + perturbation`` and restore them exactly on exit.
+    def sweep(self, perturbations: Sequence[Perturbation]) -> Iterator[Iterator[Perturbation]]:
+        """Hold the parameters at each member in turn; restore them exactly on exit.
 
-        Restoration copies from the backup (or fp32 master) even when the body raises, so a
-        failing evaluation never leaves perturbed weights behind.
+        ::
+
+            with space.sweep(perturbations) as members:
+                rewards = [evaluate(p) for p in members]
+
+        Each member is written from the exact backup (or fp32 master), so the parameters need
+        no restore between members: one restore per sweep. The restore runs even when the
+        body raises, so a failing evaluation never leaves perturbed weights behind. With
+        ``reflect_antithetic`` an antithetic twin that directly follows its partner is
+        realised by reflecting about the backup (see the class docstring).
         """
         if self._perturbed:
-            raise RuntimeError("perturbed() does not nest: the space is already perturbed")
+            raise RuntimeError("perturbations do not nest: the space is already perturbed")
         self._ensure_backup()
         self._perturbed = True
         try:
-            scale = perturbation.scale
-            for chunk, direction in self._directions(perturbation):
-                flat = self._flat[chunk.tensor_index]
-                ref = self._reference(chunk.tensor_index)[chunk.start : chunk.stop]
-                target = flat[chunk.start : chunk.stop]
-                if flat.dtype == torch.float32 and ref.device == flat.device:
-                    torch.add(ref, direction, alpha=scale, out=target)
-                else:
-                    dtype = torch.promote_types(ref.dtype, direction.dtype)
-                    value = ref.to(device=direction.device, dtype=dtype, copy=True)
-                    target.copy_(value.add_(direction, alpha=scale))
-            yield self
+            yield self._walk(perturbations)
         finally:
             self._restore()
+
+    def _walk(self, perturbations: Sequence[Perturbation]) -> Iterator[Perturbation]:
+        previous = None
+        for p in perturbations:
+            if not self._perturbed:
+                raise RuntimeError("the sweep has ended: iterate its members inside the with")
+            if self.reflect_antithetic and previous is not None and _mirrors(p, previous):
+                self._reflect()
+            else:
+                self._write(p)
+            previous = p
+            yield p
+
+    @contextmanager
+    def perturbed(self, perturbation: Perturbation) -> Iterator[ParameterSpace]:
+        """Hold the parameters at ``theta + perturbation`` and restore them exactly on exit
+        (a sweep of one member)."""
+        with self.sweep([perturbation]) as members:
+            next(members)
+            yield self
+
+    def _write(self, perturbation: Perturbation) -> None:
+        """Set every chunk to ``reference + scale * mask * eps``."""
+        scale = perturbation.scale
+        for chunk, direction in self._directions(perturbation):
+            flat = self._flat[chunk.tensor_index]
+            ref = self._reference(chunk.tensor_index)[chunk.start : chunk.stop]
+            target = flat[chunk.start : chunk.stop]
+            if flat.dtype == torch.float32 and ref.device == flat.device:
+                torch.add(ref, direction, alpha=scale, out=target)
+            else:
+                dtype = torch.promote_types(ref.dtype, direction.dtype)
+                value = ref.to(device=direction.device, dtype=dtype, copy=True)
+                target.copy_(value.add_(direction, alpha=scale))
+
+    def _reflect(self) -> None:
+        """Move every chunk from ``reference + delta`` to ``reference - delta`` (no noise drawn)."""
+        for chunk in self.chunks:
+            flat = self._flat[chunk.tensor_index]
+            ref = self._reference(chunk.tensor_index)[chunk.start : chunk.stop]
+            target = flat[chunk.start : chunk.stop]
+            if ref.dtype == flat.dtype and ref.device == flat.device:
+                target.lerp_(ref, 2.0)
+            else:
+                value = target.to(device=ref.device, dtype=ref.dtype)
+                target.copy_(value.lerp_(ref, 2.0))
 
     # -- updates -------------------------------------------------------------------------------
     def apply(self, update: Update) -> float:
@@ -223,29 +289,23 @@ class ParameterSpace:
             raise RuntimeError("cannot apply an update while the space is perturbed")
         validate_optimizer(update.optimizer)
         self._optimizer.begin()
-        by_partition: dict[int, list] = {}
-        for term in update.terms:
-            by_partition.setdefault(term.num_subspaces, []).append(term)
-        pairs = [(c, t.seed) for c in self.chunks for terms in by_partition.values() for t in terms]
-        masked = any(t.num_subspaces > 1 for t in update.terms)
-        stream = self._member_noise(update.run_seed, update.step, pairs, writable=masked)
+        groups = _subspace_groups(update.terms)
+        pairs = [(c, t.seed) for c in self.chunks for terms in groups for t in terms]
+        stream = self._member_noise(update.run_seed, update.step, pairs, writable=False)
         squared = 0.0
-        for chunk in self.chunks:
+        for position, chunk in enumerate(self.chunks):
             flat = self._flat[chunk.tensor_index]
             theta = self._master.get(chunk.tensor_index, flat)[chunk.start : chunk.stop]
             acc_dtype = torch.float64 if theta.dtype == torch.float64 else torch.float32
             grad = torch.zeros(chunk.numel, dtype=acc_dtype, device=flat.device)
-            for num_subspaces, terms in by_partition.items():
-                labels = (
-                    self._labels(chunk, update.run_seed, update.step, num_subspaces, flat.device)
-                    if num_subspaces > 1
-                    else None
-                )
+            for terms in groups:
+                masked = terms[0].num_subspaces > 1
+                acc = torch.zeros_like(grad) if masked else grad
                 for term in terms:
-                    eps = next(stream)
-                    if labels is not None:
-                        eps.mul_(labels == term.subspace)
-                    grad.add_(eps.to(acc_dtype), alpha=term.coefficient)
+                    acc.add_(next(stream).to(acc_dtype), alpha=term.coefficient)
+                if masked:  # subspaces are disjoint: mask a subspace's sum once, not each term
+                    mask = self._mask(position, update.run_seed, update.step, terms[0])
+                    grad.add_(acc.mul_(mask))
             delta = self._optimizer.delta(
                 update.optimizer,
                 chunk.tensor_index,
@@ -297,6 +357,27 @@ class ParameterSpace:
         }
         self._optimizer.load_state_dict(optimizer, int(tensors["optimizer_steps"][0]))
         self._backup = None
+
+
+def _mirrors(p: Perturbation, q: Perturbation) -> bool:
+    """True when ``p`` is the antithetic twin of ``q``: the same noise, the opposite scale."""
+    same = (p.run_seed, p.step, p.seed, p.subspace, p.num_subspaces) == (
+        q.run_seed,
+        q.step,
+        q.seed,
+        q.subspace,
+        q.num_subspaces,
+    )
+    return same and p.scale == -q.scale
+
+
+def _subspace_groups(terms: Sequence[Term]) -> list[list[Term]]:
+    """Terms grouped by ``(num_subspaces, subspace)`` in first-seen order, order kept within."""
+    groups: dict[tuple[int, int], list[Term]] = {}
+    for term in terms:
+        key = (term.num_subspaces, term.subspace if term.num_subspaces > 1 else 0)
+        groups.setdefault(key, []).append(term)
+    return list(groups.values())
 
 
 class VectorSpace(ParameterSpace):

@@ -1,0 +1,164 @@
+"""Sweeps (members held in turn, one restore), antithetic reflection and the packed partition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import esbox
+import esbox.noise
+from esbox.adapters.testing import tiny_causal_lm
+from esbox.adapters.torch_space import TorchModuleSpace
+from esbox.partition import chunk_labels, label_bits, pack_labels, subspace_mask
+from esbox.space import VectorSpace
+from esbox.specs import Perturbation
+
+
+def members(space, name: str, population: int = 8, **options) -> list[Perturbation]:
+    defaults = {"sigma": 0.3, **({"subspaces": 2} if name == "copes" else {})}
+    strategy = esbox.make_strategy(
+        name, space, seed=5, population=population, **{**defaults, **options}
+    )
+    return strategy.ask()
+
+
+# -- sweep --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@given(
+    x=st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=40),
+    chunk=st.integers(1, 17),
+    name=st.sampled_from(["openai_es", "copes"]),
+)
+def test_sweep_holds_each_member_exactly_as_perturbed_does(dtype, x, chunk, name) -> None:
+    space = VectorSpace(x, dtype=dtype, chunk_size=chunk)
+    before = space.vector.copy()
+    population = members(space, name)
+    alone = [space.materialize(p) for p in population]
+    with space.sweep(population) as sweep:
+        seen = [space.vector.copy() for _ in sweep]
+    assert all(np.array_equal(a, b) for a, b in zip(alone, seen, strict=True))
+    assert np.array_equal(space.vector, before)
+
+
+def test_sweep_restores_after_an_exception_or_an_early_break() -> None:
+    space = VectorSpace(np.linspace(-2, 2, 37), chunk_size=8)
+    before = space.vector.copy()
+    population = members(space, "openai_es")
+    with pytest.raises(ZeroDivisionError), space.sweep(population) as sweep:
+        for i, _ in enumerate(sweep):
+            assert not np.array_equal(space.vector, before)
+            if i == 3:
+                raise ZeroDivisionError
+    assert np.array_equal(space.vector, before)
+    with space.sweep(population) as sweep:
+        next(sweep)
+    assert np.array_equal(space.vector, before)
+
+
+def test_a_sweep_cannot_be_iterated_after_it_ends_or_nested() -> None:
+    space = VectorSpace(np.zeros(6))
+    population = members(space, "openai_es", population=4)
+    with space.sweep(population) as sweep:
+        next(sweep)
+        with pytest.raises(RuntimeError, match="nest"), space.sweep(population):
+            pass
+    with pytest.raises(RuntimeError, match="ended"):
+        next(sweep)
+    assert np.array_equal(space.vector, np.zeros(6))
+
+
+# -- antithetic reflection ---------------------------------------------------------------------
+def count_draws(monkeypatch) -> list[int]:
+    calls = [0]
+    original = esbox.noise.fill_noise
+
+    def counted(out, seed):
+        calls[0] += 1
+        return original(out, seed)
+
+    monkeypatch.setattr(esbox.noise, "fill_noise", counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["openai_es", "copes"])
+def test_reflection_halves_the_draws_and_lands_within_a_rounding(monkeypatch, name) -> None:
+    x0 = np.random.default_rng(1).normal(size=300)
+    exact = VectorSpace(x0, dtype="float32", chunk_size=64)
+    reflected = VectorSpace(x0, dtype="float32", chunk_size=64)
+    reflected.reflect_antithetic = True
+    population = members(exact, name)
+    assert all(p.scale == -q.scale for p, q in zip(population[::2], population[1::2], strict=True))
+    with exact.sweep(population) as sweep:
+        want = [exact.vector.copy() for _ in sweep]
+    calls = count_draws(monkeypatch)
+    with reflected.sweep(population) as sweep:
+        got = [reflected.vector.copy() for _ in sweep]
+    assert calls[0] == len(population) // 2 * len(reflected.chunks)
+    assert all(np.array_equal(a, b) for a, b in zip(want[::2], got[::2], strict=True))
+    tolerance = 2 * np.finfo(np.float32).eps * (np.abs(x0) + 0.3 * 4 * 2)
+    for a, b in zip(want[1::2], got[1::2], strict=True):
+        assert np.all(np.abs(a - b) <= tolerance)
+    assert np.array_equal(reflected.vector, x0.astype(np.float32))
+
+
+def test_reflection_needs_the_twin_right_after_its_partner() -> None:
+    space = VectorSpace(np.zeros(50), dtype="float32")
+    space.reflect_antithetic = True
+    plus, minus, other = members(space, "openai_es", population=4)[:3]
+    with space.sweep([plus, other, minus]) as sweep:  # minus follows other: drawn, exact
+        got = [space.vector.copy() for _ in sweep]
+    assert np.array_equal(got[2], space.materialize(minus))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_reflection_on_a_model_restores_exactly(dtype) -> None:
+    model = tiny_causal_lm("llama", vocab_size=64, seed=0).to(dtype).requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    space = TorchModuleSpace(model, chunk_size=1000, reflect_antithetic=True)
+    population = members(space, "copes", sigma=0.01)
+    twin_exact = TorchModuleSpace(
+        tiny_causal_lm("llama", vocab_size=64, seed=0).to(dtype).requires_grad_(False),
+        chunk_size=1000,
+    )
+    with twin_exact.perturbed(population[1]):
+        want = {k: v.float().clone() for k, v in twin_exact.module.state_dict().items()}
+    with space.sweep(population) as sweep:
+        for i, _ in enumerate(sweep):
+            if i == 1:
+                got = {k: v.float() for k, v in model.state_dict().items()}
+                for key in want:  # one rounding of the weight dtype at most
+                    step = torch.finfo(dtype).eps * (want[key].abs() + 0.1)
+                    assert torch.all((got[key] - want[key]).abs() <= 2 * step), key
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# -- the packed partition ----------------------------------------------------------------------
+@given(
+    k=st.integers(1, 300),
+    numel=st.integers(1, 300),
+    start=st.integers(0, 10**6),
+    seed=st.integers(0, 2**40),
+)
+def test_packed_labels_give_back_every_subspace_mask(k, numel, start, seed) -> None:
+    labels = chunk_labels(seed, 3, k, 0, 0, numel, start)
+    packed = pack_labels(labels, k)
+    bits = label_bits(k)
+    assert packed.numel() == (-(-numel * bits // 8) if bits <= 8 else numel)
+    for subspace in {0, k // 2, k - 1}:
+        mask = subspace_mask(packed, numel, k, subspace)
+        assert torch.equal(mask, (labels == subspace).to(torch.float32))
+
+
+def test_the_partition_cache_costs_a_quarter_byte_a_weight_at_four_subspaces() -> None:
+    space = VectorSpace(np.zeros(10_000), dtype="float32", chunk_size=1024)
+    p = members(space, "copes", subspaces=4)[0]
+    with space.perturbed(p):
+        pass
+    cache = space._labels_cache
+    assert len(cache) == len(space.chunks)
+    assert sum(t.numel() * t.element_size() for t in cache) == sum(
+        -(-c.numel // 4) for c in space.chunks
+    )
