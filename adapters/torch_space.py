@@ -15,7 +15,12 @@ from collections.abc import Sequence
 import torch
 
 from esbox.noise import DEFAULT_TABLE_SIZE
-from esbox.space import DEFAULT_CHUNK_SIZE, ParameterSpace
+from esbox.space import ParameterSpace
+
+# Smaller than the core's 2**22: the space's scratch is a few chunks (noise buffers, a mask,
+# update accumulators), and at 2**20 it stays near 20 MiB beside a model's weights, while
+# a chunk is still large enough that per-chunk overhead is negligible.
+MODEL_CHUNK_SIZE = 1 << 20
 
 
 def select_parameters(
@@ -60,7 +65,7 @@ class TorchModuleSpace(ParameterSpace):
         *,
         include: Sequence[str] | None = None,
         exclude: Sequence[str] = (),
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int = MODEL_CHUNK_SIZE,
         backup_device: torch.device | str = "cpu",
         noise_threads: int | None = None,
         noise: str = "generator",

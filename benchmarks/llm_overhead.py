@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ MIB = float(1 << 20)
 SIGMA, LEARNING_RATE = 2e-3, 2e-3
 STRATEGIES = (("openai_es", {}), ("copes", {"subspaces": 4}))
 DEFAULT_MODEL = "~/.cache/esbox/models/smollm2-135m-instruct"
+DEFAULT_CHUNK_SIZE = 1 << 22  # esbox.space.DEFAULT_CHUNK_SIZE (imported lazily in the children)
 
 
 # -- memory probes ---------------------------------------------------------------------------
@@ -137,113 +139,87 @@ def strategy(name: str, space: Any, population: int, **options: Any) -> Any:
 
 
 # -- child: timing ---------------------------------------------------------------------------
-def child_timing(args: argparse.Namespace) -> dict[str, Any]:
-    """Per strategy: step 0 times bare ``perturbed(p): pass`` cycles; step 1 is a real ES step
-    whose perturb and restore are timed around each member's rollout (paired, same load)."""
+VARIANTS = [(name, options, reflect) for name, options in STRATEGIES for reflect in (False, True)]
+
+
+def variant_label(name: str, options: dict[str, Any], reflect: bool) -> str:
+    k = options.get("subspaces")
+    return f"{name}{f' K={k}' if k else ''}{', reflect' if reflect else ''}"
+
+
+def make_space(model: Any, args: argparse.Namespace, reflect: bool = False) -> Any:
     from esbox.adapters.torch_space import TorchModuleSpace
 
+    return TorchModuleSpace(
+        model, noise=args.noise, chunk_size=args.chunk_size, reflect_antithetic=reflect
+    )
+
+
+def child_timing(args: argparse.Namespace) -> dict[str, Any]:
+    """Per variant, one real ES step: every member's rollout inside one ``space.sweep``, with
+    the sweep's own work (backup on entry, writing each member, restore on exit) timed apart
+    from the rollouts it brackets, so both sides of the ratio see the same load."""
     env = setup(args)
     rollout, model = env["rollout"], env["model"]
     rollout(2)  # warm-up
-    space = TorchModuleSpace(model, noise=args.noise)
-    out: dict[str, Any] = {"dimension": space.dimension, "strategies": {}}
-    clocks = (time.perf_counter, time.process_time)
-    for name, options in STRATEGIES:
+    out: dict[str, Any] = {"variants": {}}
+    for name, options, reflect in VARIANTS:
+        space = make_space(model, args, reflect)
         strat = strategy(name, space, args.population, **options)
-        bare, paired, rollouts, applies = [], [], [], []
-        for step in range(2):
-            members = strat.ask()
-            for p in members:
-                t0 = [c() for c in clocks]
-                with space.perturbed(p):
-                    t1 = [c() for c in clocks]
-                    if step:
-                        rollouts.append(rollout())
-                    t2 = [c() for c in clocks]
-                t3 = [c() for c in clocks]
-                cost = [b - a + d - c for a, b, c, d in zip(t0, t1, t2, t3, strict=True)]
-                (paired if step else bare).append(cost)
-            update = strat.tell([float(i % 3) for i in range(len(members))])
-            start = time.perf_counter()
-            space.apply(update)
-            applies.append((time.perf_counter() - start, len(update.terms)))
-        out["strategies"][name] = {
-            "bare": bare, "paired": paired, "rollouts": rollouts, "applies": applies,
-        }  # fmt: skip
+        members = strat.ask()
+        overhead, rollouts = [], []
+        start = time.perf_counter()
+        with space.sweep(members) as sweep:
+            entered = time.perf_counter()
+            overhead.append(entered - start)  # the step's backup
+            while True:
+                t0 = time.perf_counter()
+                if next(sweep, None) is None:
+                    break
+                overhead.append(time.perf_counter() - t0)
+                rollouts.append(rollout())
+            t0 = time.perf_counter()
+        overhead.append(time.perf_counter() - t0)  # the restore on exit
+        update = strat.tell([float(i % 3) for i in range(len(members))])
+        t0 = time.perf_counter()
+        space.apply(update)
+        out["variants"][variant_label(name, options, reflect)] = {
+            "overhead": sum(overhead),
+            "members": len(members),
+            "rollouts": rollouts,
+            "apply": time.perf_counter() - t0,
+            "terms": len(update.terms),
+        }
+        out["dimension"] = space.dimension
+        del space
     out["profile"] = profile(model, args)
     out["loadavg"] = os.getloadavg()
     return out
 
 
-class Stopwatch:
-    """Accumulated wall time per label: ``with watch("add"): ...``."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, label: str) -> Any:
-        start = time.perf_counter()
-        yield
-        self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
-
-
 def profile(model: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Per-operation wall time of one member's perturb+restore, replaying space.py's steps.
-
-    Rows starting with ``~`` are what-ifs (cheaper variants), not part of the cycle.
-    """
-    import torch
-
-    from esbox.adapters.torch_space import select_parameters
-    from esbox.noise import chunk_generator, derive_seed
-    from esbox.partition import chunk_labels
-    from esbox.space import DEFAULT_CHUNK_SIZE, chunk_layout
-
-    flats = [p.detach().view(-1) for _, p in select_parameters(model)]
-    chunks = chunk_layout([f.numel() for f in flats], DEFAULT_CHUNK_SIZE)
-    buf = torch.empty(max(c.numel for c in chunks))
-    table = torch.randn(1 << 25, generator=torch.Generator().manual_seed(0))
+    """Wall time of each of the space's own operations on the whole model, per strategy."""
     result: dict[str, dict[str, float]] = {}
-    for k in (1, 4):
-        watch = Stopwatch()
-        with watch("backup (once a step)"):
-            refs = [f.clone() for f in flats]
-        labels = {}
-        for c in chunks if k > 1 else ():
-            with watch("partition labels (once a step)"):
-                labels[c] = chunk_labels(
-                    0, 0, k, c.tensor_index, c.chunk_index, c.numel, c.global_start
-                ).to(torch.uint8)
-        scale = SIGMA * k**0.5
-        for c in chunks:
-            ref = refs[c.tensor_index][c.start : c.stop]
-            target = flats[c.tensor_index][c.start : c.stop]
-            with watch("seed + generator"):
-                seed = derive_seed(0, 0, 12345, c.tensor_index, c.chunk_index)
-                gen = chunk_generator(seed, "cpu")
-            with watch("noise normal_"):
-                eps = buf[: c.numel].normal_(generator=gen)
-            if k > 1:
-                with watch("~fused mask: addcmul(ref, eps, labels == k)"):
-                    torch.addcmul(ref, eps, labels[c] == 1, value=scale, out=target)
-                with watch("subspace mask (labels == k, mul_)"):
-                    eps.mul_(labels[c] == 1)
-            with watch("scale mul_"):
-                eps.mul_(scale)
-            with watch("add (ref + delta, out=weights)"):
-                torch.add(ref, eps, out=target)
-            with watch("~fused add(ref, eps, alpha=scale)"):
-                torch.add(ref, eps, alpha=scale, out=target)
-            with watch("~antithetic twin: lerp(x, ref, 2)"):
-                torch.lerp(target, ref, 2.0, out=target)
-            offset = c.global_start % (table.numel() - c.numel)
-            with watch("~noise-table add (no RNG)"):
-                torch.add(ref, table[offset : offset + c.numel], alpha=scale, out=target)
-        for flat, ref in zip(flats, refs, strict=True):
-            with watch("restore copy_"):
-                flat.copy_(ref)
-        result[f"K={k}"] = watch.seconds
+    for name, options in STRATEGIES:
+        space = make_space(model, args)
+        plus, minus = strategy(name, space, args.population, **options).ask()[:2]
+        seconds: dict[str, float] = {}
+        operations = [
+            ("backup (once a step)", space._ensure_backup),
+            ("partition (once a step)", partial(space._partition, plus.run_seed, plus.step, 4)),
+            ("write a member (noise + add)", partial(space._write, plus)),
+            ("write its twin (noise + add)", partial(space._write, minus)),
+            ("reflect to the twin instead", space._reflect),
+            ("restore (once a sweep)", space._restore),
+        ]
+        for label, operation in operations:
+            if "partition" in label and not options.get("subspaces"):
+                continue
+            start = time.perf_counter()
+            operation()
+            seconds[label] = time.perf_counter() - start
+        space._backup = None
+        result[variant_label(name, options, False)] = seconds
     return result
 
 
@@ -270,17 +246,17 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
         out["seconds"] = time.perf_counter() - start
         out["tokens"] = int(inputs["attention_mask"].sum())
     else:
-        from esbox.adapters.torch_space import TorchModuleSpace
+        from esbox.partition import label_bits
 
         name = args.child.removeprefix("es_")
         options = dict(STRATEGIES)[name]
-        space = TorchModuleSpace(model, noise=args.noise)
-        strat = strategy(name, space, args.population, antithetic=False, **options)
+        space = make_space(model, args)
+        strat = strategy(name, space, args.population, **options)
         members = strat.ask()
         before = rss_mib()
-        with space.perturbed(members[0]):
+        with space.sweep(members[:2]) as sweep:  # an antithetic pair
             out["backup_measured"] = rss_mib() - before
-            out["rollout"] = rollout()
+            out["rollouts"] = [rollout() for _ in sweep]
         update = strat.tell([float(i % 3) for i in range(len(members))])
         space.apply(update)
         out["terms"] = len(update.terms)
@@ -291,7 +267,8 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
             )
             / MIB
         )
-        out["labels"] = space.dimension / MIB if options.get("subspaces", 1) > 1 else 0.0
+        k = options.get("subspaces", 1)
+        out["labels"] = space.dimension * label_bits(k) / 8 / MIB if k > 1 else 0.0
     out["peak"] = peak_mib()
     return out
 
@@ -334,6 +311,8 @@ def run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.population),
         "--noise",
         args.noise,
+        "--chunk-size",
+        str(args.chunk_size),
     ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -349,48 +328,37 @@ def met(ok: bool) -> str:
 
 
 def report(timing: dict[str, Any], memory: dict[str, dict[str, Any]], args) -> str:
-    n = args.population
-    first = next(iter(timing["strategies"].values()))["rollouts"]
+    first = next(iter(timing["variants"].values()))["rollouts"]
     lines = [
-        f"Rollout: {args.prompts} prompts x max {args.new_tokens} new tokens, greedy, no stop "
-        f"string; {first[0]['forwards']} forward passes each; tokens before EOS: "
+        f"Noise: {args.noise}, chunks of {args.chunk_size} elements. Rollout: {args.prompts} "
+        f"prompts x max {args.new_tokens} new tokens, greedy, no stop string; "
+        f"{first[0]['forwards']} forward passes each; tokens before EOS: "
         f"{min(r['new_tokens'] for r in first):.0f}-{max(r['new_tokens'] for r in first):.0f} "
         f"a rollout. d = {timing['dimension']:,} fp32 weights, {args.threads} threads, load "
         f"average at the end {timing['loadavg'][0]:.1f}.",
         "",
-        "| strategy | rollout a member (mean) | perturb+restore a member, in the step "
-        "| fraction of the rollout, wall (CPU) | target <= 5% | bare `pass` cycle (mean, median) "
-        "| apply a step (terms) |",
-        "|---|---:|---:|---:|---|---:|---:|",
+        "| variant | rollout a member (mean) | sweep overhead a member | fraction of the rollout "
+        "| target <= 5% | apply the update (terms) |",
+        "|---|---:|---:|---:|---|---:|",
     ]
-    for name, s in timing["strategies"].items():
-        roll = [statistics.mean(r[k] for r in s["rollouts"]) for k in ("wall", "cpu")]
-        cost = [statistics.mean(c[k] for c in s["paired"]) for k in (0, 1)]
-        frac = cost[0] / roll[0]
-        bare = [c[0] for c in s["bare"]]
-        applies = ", ".join(f"{t:.2f} s ({k})" for t, k in s["applies"])
+    for label, v in timing["variants"].items():
+        roll = statistics.mean(r["wall"] for r in v["rollouts"])
+        cost = v["overhead"] / v["members"]
         lines.append(
-            f"| {name} (N={n}) | {roll[0]:.2f} s | {cost[0]:.3f} s | {frac:.1%} "
-            f"({cost[1] / roll[1]:.1%}) | {met(frac <= 0.05)} | {statistics.mean(bare):.3f} s, "
-            f"{statistics.median(bare):.3f} s | {applies} |"
+            f"| {label} (N={v['members']}) | {roll:.2f} s | {cost:.3f} s | {cost / roll:.1%} "
+            f"| {met(cost / roll <= 0.05)} | {v['apply']:.2f} s ({v['terms']}) |"
         )
     lines += [
         "",
-        "Where one member's cycle goes (wall s; `~` rows are what-ifs, not in the cycle):",
+        "The space's operations on the whole model, one call each (wall s):",
         "",
-        "| operation | openai_es (K=1) | copes (K=4) |",
-        "|---|---:|---:|",
+        "| operation | " + " | ".join(timing["profile"]) + " |",
+        "|---|" + "---:|" * len(timing["profile"]),
     ]
-    p1, p4 = timing["profile"]["K=1"], timing["profile"]["K=4"]
-    for op in dict.fromkeys([*p1, *p4]):
-        lines.append(f"| {op} | {p1.get(op, 0):.3f} | {p4.get(op, 0):.3f} |")
-    tot = [
-        sum(v / (n if "once" in k else 1) for k, v in q.items() if not k.startswith("~"))
-        for q in (p1, p4)
-    ]
-    lines.append(
-        f"| cycle total (without ~ rows; once-a-step rows / N) | {tot[0]:.3f} | {tot[1]:.3f} |"
-    )
+    operations = dict.fromkeys(op for p in timing["profile"].values() for op in p)
+    for op in operations:
+        cells = " | ".join(f"{p[op]:.3f}" if op in p else "-" for p in timing["profile"].values())
+        lines.append(f"| {op} | {cells} |")
     inf, bp = memory["inference"], memory["backprop"]
     lines += [
         "",
@@ -410,7 +378,7 @@ def report(timing: dict[str, Any], memory: dict[str, dict[str, Any]], args) -> s
     for (name, _), m in zip(STRATEGIES, es_rows, strict=True):
         notes = (
             f"host backup {m['backup']:.0f} MiB (RSS rose {m['backup_measured']:.0f} MiB on "
-            f"entering perturbed), labels {m['labels']:.0f} MiB, {m['terms']} update terms"
+            f"entering the sweep), labels {m['labels']:.0f} MiB, {m['terms']} update terms"
         )
         lines.append(row(f"ES step, {name}", m, notes))
     lines.append(row("backprop step (AdamW)", bp, f"{bp['tokens']} tokens, {bp['seconds']:.1f} s"))
@@ -452,6 +420,7 @@ def main(argv: list[str] | None = None) -> None:
         default="generator",
         help="the space's noise mode (table: windows of a shared noise table)",
     )
+    parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
     parser.add_argument("--json", help="also write the raw measurements here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

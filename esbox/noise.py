@@ -125,13 +125,11 @@ class NoiseFiller:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="esbox-noise")
         return self._pool
 
-    def stream(
-        self, requests: Sequence[tuple[int, int, torch.device]], writable: bool = True
-    ) -> Iterator[torch.Tensor]:
-        """Noise for each ``(numel, seed, device)`` request, in order, in reused buffers.
+    def stream(self, requests: Sequence[tuple[int, int, torch.device]]) -> Iterator[torch.Tensor]:
+        """Noise for each ``(numel, seed, device)`` request, in order: read-only.
 
-        A yielded buffer is valid until the next one is requested. With ``writable=False``
-        the caller promises not to modify it, and table noise is yielded as a view (no copy).
+        A yielded tensor is a reused buffer, valid until the next one is requested, or a view
+        of the noise table; either way the caller must not modify it.
         """
         devices = {device for _, _, device in requests}
         parallel = (
@@ -143,8 +141,7 @@ class NoiseFiller:
         if not parallel:
             for numel, seed, device in requests:
                 if self.table is not None:
-                    window = self.table.window(seed, numel, device)
-                    yield self._ring(device)[0][:numel].copy_(window) if writable else window
+                    yield self.table.window(seed, numel, device)
                 else:
                     yield fill_noise(self._ring(device)[0][:numel], seed)
             return

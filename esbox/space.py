@@ -106,7 +106,7 @@ class ParameterSpace:
         self._labels_key: tuple[int, int, int] | None = None
         self._labels_cache: list[torch.Tensor] = []
         self._largest = largest
-        self._mask_buffers: dict[torch.device, torch.Tensor] = {}
+        self._mask_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.reflect_antithetic = reflect_antithetic
 
     @property
@@ -138,10 +138,10 @@ class ParameterSpace:
 
     # -- replayed noise -------------------------------------------------------------------------
     def _member_noise(
-        self, run_seed: int, step: int, pairs: Sequence[tuple[Chunk, int]], writable: bool = True
+        self, run_seed: int, step: int, pairs: Sequence[tuple[Chunk, int]]
     ) -> Iterator[torch.Tensor]:
-        """fp32 noise of each ``(chunk, member seed)`` pair, in order, in reused buffers
-        (read-only views of the noise table when not ``writable``)."""
+        """fp32 noise of each ``(chunk, member seed)`` pair, in order, read-only (reused
+        buffers or views of the noise table)."""
         return self._filler.stream(
             [
                 (
@@ -150,8 +150,7 @@ class ParameterSpace:
                     self._flat[chunk.tensor_index].device,
                 )
                 for chunk, seed in pairs
-            ],
-            writable,
+            ]
         )
 
     def _partition(self, run_seed: int, step: int, num_subspaces: int) -> list[torch.Tensor]:
@@ -185,25 +184,30 @@ class ParameterSpace:
     def _mask(
         self, chunk_position: int, run_seed: int, step: int, spec: Term | Perturbation
     ) -> torch.Tensor:
-        """fp32 0/1 mask of ``spec``'s subspace over chunk ``chunk_position`` (a reused buffer)."""
+        """fp32 0/1 mask of ``spec``'s subspace over chunk ``chunk_position`` (a reused buffer,
+        valid until the next call)."""
         chunk = self.chunks[chunk_position]
         packed = self._partition(run_seed, step, spec.num_subspaces)[chunk_position]
         device = packed.device
         if device not in self._mask_buffers:
-            size = self._largest + 8
-            self._mask_buffers[device] = torch.empty(size, dtype=torch.float32, device=device)
-        buffer = self._mask_buffers[device]
-        return subspace_mask(packed, chunk.numel, spec.num_subspaces, spec.subspace, out=buffer)
+            self._mask_buffers[device] = (
+                torch.empty(self._largest + 8, dtype=torch.float32, device=device),
+                torch.empty(self._largest, dtype=torch.int32, device=device),
+            )
+        out, index = self._mask_buffers[device]
+        return subspace_mask(
+            packed, chunk.numel, spec.num_subspaces, spec.subspace, out=out, index=index
+        )
 
     def _directions(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
-        """Yield ``(chunk, mask * eps)`` for every chunk: the unscaled direction (fp32, reused,
-        read-only)."""
+        """Yield ``(chunk, mask * eps)`` for every chunk: the unscaled direction (fp32, a reused
+        buffer or a view of the noise table: read-only)."""
         p = perturbation
         pairs = [(c, p.seed) for c in self.chunks]
-        stream = self._member_noise(p.run_seed, p.step, pairs, writable=p.num_subspaces > 1)
+        stream = self._member_noise(p.run_seed, p.step, pairs)
         for position, (chunk, eps) in enumerate(zip(self.chunks, stream, strict=True)):
-            if p.num_subspaces > 1:
-                eps.mul_(self._mask(position, p.run_seed, p.step, p))
+            if p.num_subspaces > 1:  # into the mask's own buffer: table noise stays a view
+                eps = self._mask(position, p.run_seed, p.step, p).mul_(eps)
             yield chunk, eps
 
     def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
@@ -291,7 +295,7 @@ class ParameterSpace:
         self._optimizer.begin()
         groups = _subspace_groups(update.terms)
         pairs = [(c, t.seed) for c in self.chunks for terms in groups for t in terms]
-        stream = self._member_noise(update.run_seed, update.step, pairs, writable=False)
+        stream = self._member_noise(update.run_seed, update.step, pairs)
         squared = 0.0
         for position, chunk in enumerate(self.chunks):
             flat = self._flat[chunk.tensor_index]
