@@ -29,6 +29,13 @@ def derive_seed(*parts: int) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
 
 
+def allocate(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An uninitialised buffer that stays writable outside ``torch.inference_mode`` even when
+    first allocated inside it (spaces keep their buffers across steps)."""
+    with torch.inference_mode(False):
+        return torch.empty(numel, dtype=dtype, device=device)
+
+
 def chunk_generator(seed: int, device: torch.device | str) -> torch.Generator:
     """A fresh generator on ``device`` seeded with ``seed``."""
     generator = torch.Generator(device=device)
@@ -81,7 +88,7 @@ class NoiseTable:
                 f"{self.size}; raise the table size or lower chunk_size"
             )
         if device not in self._tables:
-            table = torch.empty(self.size, dtype=NOISE_DTYPE, device=device)
+            table = allocate(self.size, NOISE_DTYPE, device)
             self._tables[device] = fill_noise(table, derive_seed(TABLE_TAG, self.seed))
         offset = seed % (self.size - numel + 1)
         return self._tables[device][offset : offset + numel]
@@ -109,7 +116,7 @@ class NoiseFiller:
         if device not in self._rings:
             size = self.threads + 1 if device.type == "cpu" else 1
             self._rings[device] = [
-                torch.empty(self.capacity, dtype=NOISE_DTYPE, device=device) for _ in range(size)
+                allocate(self.capacity, NOISE_DTYPE, device) for _ in range(size)
             ]
         return self._rings[device]
 

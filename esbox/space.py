@@ -16,7 +16,14 @@ import numpy as np
 import torch
 
 from esbox.errors import ResumeError
-from esbox.noise import DEFAULT_TABLE_SIZE, NOISE_MODES, NoiseFiller, NoiseTable, derive_seed
+from esbox.noise import (
+    DEFAULT_TABLE_SIZE,
+    NOISE_MODES,
+    NoiseFiller,
+    NoiseTable,
+    allocate,
+    derive_seed,
+)
 from esbox.optimizers import ChunkOptimizer, validate_optimizer
 from esbox.partition import chunk_labels, pack_labels, subspace_mask
 from esbox.specs import Perturbation, Term, Update
@@ -87,11 +94,12 @@ class ParameterSpace:
         self.chunk_size = chunk_size
         self.chunks = chunk_layout([t.numel() for t in self._flat], chunk_size)
         self.backup_device = torch.device(backup_device)
-        self._master = {
-            i: t.to(device=self.backup_device, dtype=torch.float32, copy=True)
-            for i, t in enumerate(self._flat)
-            if t.dtype in LOW_PRECISION
-        }
+        with torch.inference_mode(False):  # masters are updated outside inference mode
+            self._master = {
+                i: t.to(device=self.backup_device, dtype=torch.float32, copy=True)
+                for i, t in enumerate(self._flat)
+                if t.dtype in LOW_PRECISION
+            }
         self._backup: dict[int, torch.Tensor] | None = None
         self._optimizer = ChunkOptimizer()
         largest = max((chunk.numel for chunk in self.chunks), default=1)
@@ -191,8 +199,8 @@ class ParameterSpace:
         device = packed.device
         if device not in self._mask_buffers:
             self._mask_buffers[device] = (
-                torch.empty(self._largest + 8, dtype=torch.float32, device=device),
-                torch.empty(self._largest, dtype=torch.int32, device=device),
+                allocate(self._largest + 8, torch.float32, device),
+                allocate(self._largest, torch.int32, device),
             )
         out, index = self._mask_buffers[device]
         return subspace_mask(

@@ -162,3 +162,15 @@ def test_the_partition_cache_costs_a_quarter_byte_a_weight_at_four_subspaces() -
     assert sum(t.numel() * t.element_size() for t in cache) == sum(
         -(-c.numel // 4) for c in space.chunks
     )
+
+
+@pytest.mark.parametrize("noise", ["generator", "table"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_buffers_first_made_in_inference_mode_work_outside_it(noise, dtype) -> None:
+    model = tiny_causal_lm("llama", vocab_size=64, seed=0).to(dtype).requires_grad_(False)
+    with torch.inference_mode():
+        space = TorchModuleSpace(model, chunk_size=500, noise=noise, table_size=4096)
+    strategy = esbox.make_strategy("copes", space, seed=1, population=4, subspaces=2, sigma=0.01)
+    with space.sweep(strategy.ask()) as sweep, torch.inference_mode():
+        rewards = [float(i) for i, _ in enumerate(sweep)]
+    assert space.apply(strategy.tell(rewards)) > 0
