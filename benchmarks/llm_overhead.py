@@ -390,6 +390,8 @@ def report(timing: dict[str, Any], memory: dict[str, dict[str, Any]], args) -> s
         ("ES peak / backprop peak", lambda m: m["peak"] / bp["peak"], 0.25),
         ("(ES peak - host backup) / backprop peak",
          lambda m: (m["peak"] - m["backup"]) / bp["peak"], 0.25),
+        ("floor: plain inference peak / backprop peak (no ES)",
+         lambda m: inf["peak"] / bp["peak"], None),
         ("same, without the runtime RSS: (ES - runtime) / (backprop - runtime)",
          lambda m: (m["peak"] - m["runtime"]) / (bp["peak"] - bp["runtime"]), None),
         ("(ES - runtime - backup) / (backprop - runtime)",
