@@ -1,8 +1,9 @@
 """ES post-training of a causal LM, assembled from its parts: model, weight space, task, backend.
 
 ``LLMProblemOptions`` is the ``problem:`` section of an ``kind: llm`` run config; ``build_llm``
-turns it into the weight space, the rollout evaluator, the held-out validation callback and
-a hook that saves the trained model as safetensors.
+turns it into the weight space, the rollout evaluator, the held-out validation callback,
+a hook that saves the trained model as safetensors and, for ESOpt context co-evolution, the
+context proposer that ``LLMRun.attach`` hands to the strategy.
 """
 
 from __future__ import annotations
@@ -56,6 +57,21 @@ class LLMProblemOptions:
         1, "samples per held-out question (pass@k up to it)", minimum=1
     )
     threads: int = option(0, "torch CPU threads (0: torch's default)", minimum=0)
+    context_proposer: str = option(
+        "none",
+        "who rewrites the worst context (strategy esopt with options.contexts) every "
+        "evolve_every steps: none, or model (the model being trained, unperturbed)",
+        choices=("none", "model"),
+    )
+    proposer_max_new_tokens: int = option(
+        128, "tokens the model may generate per proposed context", minimum=1
+    )
+    proposer_max_chars: int = option(
+        2000, "longest proposed context in characters (cut at a word)", minimum=1
+    )
+    proposer_temperature: float = option(
+        0.0, "proposer sampling temperature (0: greedy; else seeded from the run seed)", minimum=0.0
+    )
 
 
 @dataclass
@@ -69,6 +85,14 @@ class LLMRun:
     model: Any
     tokenizer: Any
     task: Any
+    proposer: Callable[..., str] | None = None
+
+    def attach(self, strategy: Any) -> None:
+        """Connect the built strategy: rollouts use its current contexts, it gets the proposer."""
+        if getattr(strategy, "contexts", None):
+            self.evaluator.context_of = lambda i: strategy.contexts[i]
+        if self.proposer is not None:
+            strategy.context_proposer = self.proposer
 
 
 def resolve_model_path(model: str) -> str:
@@ -86,6 +110,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
 
     from .generation import HFBackend
     from .models import load_model
+    from .proposers import ModelContextProposer
     from .rollouts import HeldoutValidation, RolloutEvaluator
     from .tasks import load_task
     from .torch_space import TorchModuleSpace
@@ -114,6 +139,16 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         max_new_tokens=options.max_new_tokens or None,
         greedy=options.greedy,
     )
+    proposer = None
+    if options.context_proposer == "model":
+        proposer = ModelContextProposer(
+            backend,
+            max_new_tokens=options.proposer_max_new_tokens,
+            max_chars=options.proposer_max_chars,
+            temperature=options.proposer_temperature,
+            seed=seed,
+            chat=getattr(tokenizer, "chat_template", None) is not None,
+        )
     callbacks: list[Callable[..., Any]] = []
     if options.validation_every:
         callbacks.append(
@@ -132,4 +167,4 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         tokenizer.save_pretrained(out)
         return {"model": str(out)}
 
-    return LLMRun(space, evaluator, callbacks, save, model, tokenizer, task)
+    return LLMRun(space, evaluator, callbacks, save, model, tokenizer, task, proposer)

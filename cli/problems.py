@@ -3,7 +3,9 @@
 A factory turns the resolved options and the run seed into a ``Problem``: the parameter space,
 the evaluator, a label, and a ``save`` hook writing the best parameters into the run
 directory. Adding a kind (e.g. ``llm``) is one options dataclass and one function decorated
-with ``@problem_kind``; heavy imports belong inside the factory.
+with ``@problem_kind``; heavy imports belong inside the factory. A kind may also ``check`` its
+section against the strategy (cheaply, before anything loads), and a Problem may ``attach``
+itself to the built strategy (e.g. to read the strategy's current contexts).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from esbox.config import option
 from esbox.errors import ConfigError
 from esbox.evaluation import Evaluator, FunctionEvaluator
 from esbox.space import ParameterSpace, VectorSpace
+from esbox.strategy import Strategy
 
 DTYPES = ("float32", "float64")
 
@@ -37,6 +40,7 @@ class Problem:
     label: str
     save: Callable[[Path], dict[str, Any]]  # writes best parameters; returns summary fields
     callbacks: list[Callable[..., Any]] = field(default_factory=list)  # run before the logger
+    attach: Callable[[Strategy], None] | None = None  # connects it to the built strategy
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class ProblemKind:
     build: Callable[[Any, int], Problem]
     help: str
     normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    check: Callable[[dict[str, Any], Strategy], None] | None = None
 
 
 PROBLEM_KINDS: dict[str, ProblemKind] = {}
@@ -58,13 +63,14 @@ def problem_kind(
     options: type,
     help: str,
     normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    check: Callable[[dict[str, Any], Strategy], None] | None = None,
 ) -> Callable[[Callable[[Any, int], Problem]], Callable[[Any, int], Problem]]:
     """Register ``build(options, seed) -> Problem`` as ``problem.kind: name``."""
 
     def decorate(build: Callable[[Any, int], Problem]) -> Callable[[Any, int], Problem]:
         if name in PROBLEM_KINDS:
             raise ValueError(f"problem kind '{name}' is already registered")
-        PROBLEM_KINDS[name] = ProblemKind(name, options, build, help, normalize)
+        PROBLEM_KINDS[name] = ProblemKind(name, options, build, help, normalize, check)
         return build
 
     return decorate
@@ -79,6 +85,13 @@ def normalize_problem(problem: dict[str, Any]) -> dict[str, Any]:
     """A resolved problem section made independent of the working directory."""
     kind = PROBLEM_KINDS[problem["kind"]]
     return kind.normalize(dict(problem)) if kind.normalize else dict(problem)
+
+
+def check_problem(problem: dict[str, Any], strategy: Strategy) -> None:
+    """Check a resolved problem section against the strategy; ConfigError names the key."""
+    kind = PROBLEM_KINDS[problem["kind"]]
+    if kind.check:
+        kind.check(problem, strategy)
 
 
 def build_problem(problem: dict[str, Any], seed: int) -> Problem:
@@ -246,11 +259,34 @@ def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
     return problem
 
 
-@problem_kind("llm", LLMProblemOptions, "ES post-training of a causal LM on a task", _llm_normalize)
+def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
+    """A context proposer needs a strategy co-evolving at least two contexts."""
+    if problem["context_proposer"] == "none":
+        return
+    contexts = getattr(strategy, "contexts", None)
+    if contexts is None:
+        raise ConfigError(
+            f"problem.context_proposer: strategy {strategy.name} does not co-evolve contexts; "
+            f"use strategy esopt with options.contexts"
+        )
+    if len(contexts) < 2:
+        raise ConfigError(
+            f"problem.context_proposer needs at least 2 options.contexts (the best is kept, "
+            f"the worst replaced), got {len(contexts)}"
+        )
+
+
+@problem_kind(
+    "llm",
+    LLMProblemOptions,
+    "ES post-training of a causal LM on a task",
+    normalize=_llm_normalize,
+    check=_llm_check,
+)
 def _llm(options: Any, seed: int) -> Problem:
     from esbox.adapters.llm import build_llm
 
     run = build_llm(options, seed)
     task = options.task.get("kind", "task") if isinstance(options.task, dict) else "task"
     label = f"{Path(str(options.model)).name} on {task}"
-    return Problem(run.space, run.evaluator, label, run.save, list(run.callbacks))
+    return Problem(run.space, run.evaluator, label, run.save, list(run.callbacks), run.attach)

@@ -1,7 +1,8 @@
 """One run of the ``esbox`` command: build it from a resolved config, run it, write its files.
 
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl``,
-``checkpoints/``, the best parameters and, once the run stops, ``summary.json``.
+``checkpoints/``, the best parameters and, once the run stops, ``summary.json`` (and
+``best_context.txt`` when the strategy co-evolves contexts).
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import click
 import esbox
 from esbox.cli.errors import CLIError, user_errors
 from esbox.cli.interrupts import guarded
-from esbox.cli.problems import Problem, build_problem, normalize_problem, problem_options
+from esbox.cli.problems import (
+    Problem,
+    build_problem,
+    check_problem,
+    normalize_problem,
+    problem_options,
+)
 from esbox.cli.progress import ProgressBar
 from esbox.registry import make_strategy
 from esbox.runconfig import RunConfig, dumps_yaml, load_yaml, resolve
@@ -32,6 +39,7 @@ from esbox.tracking import MetricsLogger, jsonable
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+CONTEXT_FILE = "best_context.txt"
 CHECKPOINTS = "checkpoints"
 PLACEHOLDERS = ("strategy", "problem", "seed", "time")
 
@@ -57,7 +65,8 @@ def resolve_config(raw: dict[str, Any]) -> RunConfig:
 def check_strategy(config: RunConfig) -> None:
     """Build the strategy on a 1-d placeholder: catches bad option combinations cheaply."""
     with user_errors():
-        make_strategy(config.strategy, 1, seed=config.seed, **config.options)
+        strategy = make_strategy(config.strategy, 1, seed=config.seed, **config.options)
+        check_problem(config.problem, strategy)
 
 
 def prepare(config: RunConfig) -> Session:
@@ -66,6 +75,8 @@ def prepare(config: RunConfig) -> Session:
     with user_errors():
         problem = build_problem(config.problem, config.seed)
         strategy = make_strategy(config.strategy, problem.space, seed=config.seed, **config.options)
+        if problem.attach is not None:
+            problem.attach(strategy)
         budget = Budget(**asdict(config.budget))
     return Session(config, problem, strategy, budget)
 
@@ -176,7 +187,7 @@ def write_summary(
     session: Session, runner: Runner, directory: Path, reason: str, *, resumed: bool
 ) -> dict[str, Any]:
     """Save the best parameters and ``summary.json``; returns the summary."""
-    saved = session.problem.save(directory)
+    saved = {**session.problem.save(directory), **save_contexts(session.strategy, directory)}
     for callback in session.problem.callbacks:
         if getattr(callback, "baseline", None):
             saved["baseline"] = dict(callback.baseline)
@@ -202,6 +213,19 @@ def write_summary(
     return summary
 
 
+def save_contexts(strategy: Strategy, directory: Path) -> dict[str, Any]:
+    """Write the best co-evolved context to ``best_context.txt``; summary fields of all of them."""
+    best = getattr(strategy, "best_context", None)
+    if best is None:
+        return {}
+    _write_atomic(directory / CONTEXT_FILE, best + "\n")
+    contexts = zip(strategy.contexts, strategy.context_scores, strict=True)
+    return {
+        "best_context": best,
+        "contexts": [{"text": text, "score": score} for text, score in contexts],
+    }
+
+
 def summary_line(summary: dict[str, Any]) -> str:
     """One line: what ran, the best value, the effort, why it stopped, where it is."""
     best = summary.get("best_value", summary.get("best_reward"))
@@ -216,6 +240,10 @@ def summary_line(summary: dict[str, Any]) -> str:
 def finish(summary: dict[str, Any]) -> None:
     """Print the summary line; an interrupted run says how to resume and exits with 130."""
     click.echo(summary_line(summary))
+    if "best_context" in summary:
+        preview = " ".join(summary["best_context"].split())
+        preview = preview if len(preview) <= 60 else preview[:59] + "…"
+        click.echo(f"best context ({Path(summary['run_dir']) / CONTEXT_FILE}): {preview}")
     if summary["status"] == "interrupted":
         click.echo(
             f"Interrupted; checkpoint saved. Continue with: esbox resume {summary['run_dir']}",

@@ -20,7 +20,7 @@ import yaml
 
 from esbox.config import build_options, describe_options, option
 from esbox.errors import ConfigError, unknown_key_message
-from esbox.registry import get_strategy
+from esbox.registry import available_strategies, get_strategy
 from esbox.schedules import Constant, Cosine, Linear, schedule_to_config
 
 DEFAULT_PROBLEM_KIND = "function"
@@ -113,7 +113,10 @@ def resolve(data: Mapping[str, Any] | None, problem_kinds: Mapping[str, type]) -
 def resolve_options(strategy: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """All options of ``strategy`` with defaults filled in, checked by its Options class."""
     cls = get_strategy(strategy)
-    built = build_options(cls.Options, dict(options), where=f"{strategy} option")
+    try:
+        built = build_options(cls.Options, dict(options), where=f"{strategy} option")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}{_elsewhere(strategy, options)}") from None
     resolved = {}
     for f in dataclasses.fields(built):
         value = getattr(built, f.name)
@@ -121,6 +124,21 @@ def resolve_options(strategy: str, options: Mapping[str, Any]) -> dict[str, Any]
             value = schedule_to_config(value)
         resolved[f.name] = copy.deepcopy(value)
     return resolved
+
+
+def _elsewhere(strategy: str, options: Mapping[str, Any]) -> str:
+    """Which other strategies have the options ``strategy`` lacks (e.g. esopt's contexts)."""
+    own = {f.name for f in dataclasses.fields(get_strategy(strategy).Options)}
+    hints = []
+    for key in (k for k in options if k not in own):
+        names = [
+            name
+            for name, cls in available_strategies().items()
+            if key in {f.name for f in dataclasses.fields(cls.Options)}
+        ]
+        if names:
+            hints.append(f"options.{key} is an option of strategy {', '.join(names)}")
+    return "; " + "; ".join(hints) if hints else ""
 
 
 def resolve_problem(problem: Mapping[str, Any], problem_kinds: Mapping[str, type]) -> dict:

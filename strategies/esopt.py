@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from esbox.config import option
+from esbox.errors import ConfigError
 from esbox.registry import register
 from esbox.schedules import Cosine, ScheduleLike
 from esbox.shaping import SHAPINGS, shape
-from esbox.specs import Perturbation, Term
+from esbox.specs import Perturbation, Term, Update
 from esbox.strategy import Strategy, StrategyOptions, gradient_terms
 
 ContextProposer = Callable[[str, Sequence[str], Sequence[float]], str]
@@ -65,13 +66,38 @@ class ESOpt(Strategy):
         self.context_scores = [float("nan")] * len(self.contexts)
         self.context_proposer = context_proposer
 
+    def _validate(self) -> None:
+        n_ctx, population = len(self.options.contexts), self.options.population
+        if n_ctx > population:
+            raise ConfigError(
+                f"esopt option population ({population}) must be at least the number of "
+                f"contexts ({n_ctx}), so that every context is evaluated at every step"
+            )
+
+    @property
+    def best_context_index(self) -> int | None:
+        """Index of the context with the highest online score (the first one before any step)."""
+        if not self.contexts:
+            return None
+        return int(np.argmax(np.nan_to_num(np.array(self.context_scores), nan=-np.inf)))
+
     @property
     def best_context(self) -> str | None:
         """The context with the highest online score (the first one before any step)."""
-        if not self.contexts:
-            return None
-        scores = np.nan_to_num(np.array(self.context_scores), nan=-np.inf)
-        return self.contexts[int(np.argmax(scores))]
+        best = self.best_context_index
+        return None if best is None else self.contexts[best]
+
+    def tell(self, rewards: Sequence[float] | np.ndarray) -> Update:
+        """As ``Strategy.tell``; with contexts, the metrics also name the best context."""
+        update = super().tell(rewards)
+        best = self.best_context_index
+        if best is not None:
+            self.metrics.update(
+                context_best=best,
+                context_best_score=self.context_scores[best],
+                context_best_chars=len(self.contexts[best]),
+            )
+        return update
 
     def _ask(self, sigma: float) -> list[Perturbation]:
         n_ctx = len(self.contexts)
@@ -94,7 +120,9 @@ class ESOpt(Strategy):
             old = self.context_scores[c]
             self.context_scores[c] = mean if np.isnan(old) else beta * old + (1 - beta) * mean
         if self.context_proposer and (self.step + 1) % self.options.evolve_every == 0:
-            worst = int(np.argmin(np.nan_to_num(self.context_scores, nan=np.inf)))
+            # the last of the lowest scores: with ties (or all equal) the best one is kept
+            scores = np.nan_to_num(self.context_scores, nan=np.inf)
+            worst = len(scores) - 1 - int(np.argmin(scores[::-1]))
             proposal = self.context_proposer(
                 self.best_context or "", self.contexts, self.context_scores
             )
