@@ -1,55 +1,58 @@
 """Theoretical memory of one training step: ES (esbox) vs full-parameter GRPO vs LoRA-GRPO.
 
 Everything is computed from a transformers config (a local model folder, a ``config.json`` or a
-``PretrainedConfig``): nothing is downloaded and no weight is allocated. Parameters are counted
-exactly on the ``meta`` device. The formulas, their sources and assumptions are in
-``docs/memory.md``; ``esbox memory --model PATH --context 128k`` prints the table.
+``PretrainedConfig``; see ``model_shapes``): nothing is downloaded and no weight is allocated.
+The formulas, their sources and assumptions are in ``docs/memory.md``;
+``esbox memory --model PATH --context 128k`` prints the table.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from .models import require_transformers
+from esbox.noise import DEFAULT_TABLE_SIZE, NOISE_MODES
+from esbox.partition import label_bits
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16"}
-_DTYPE_ALIASES |= {"fp16": "float16", "half": "float16", "fp64": "float64"}
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from .model_shapes import (
+    DTYPE_BYTES,
+    LORA_TARGETS,
+    ModelShape,
+    canonical_dtype,
+    dtype_bytes,
+    load_config,
+    model_shape,
+    parse_context,
+)
+from .torch_space import MODEL_CHUNK_SIZE
+
+__all__ = [
+    "ATTENTION",
+    "DTYPE_BYTES",
+    "ES",
+    "GRPO",
+    "LORA",
+    "LORA_TARGETS",
+    "NOISE_THREADS",
+    "Item",
+    "MemoryEstimate",
+    "MethodMemory",
+    "ModelShape",
+    "dtype_bytes",
+    "estimate_memory",
+    "format_bytes",
+    "load_config",
+    "model_shape",
+    "parse_context",
+]
+
 ATTENTION = ("flash", "eager")
 ES, GRPO, LORA = "es", "grpo", "lora"  # MemoryEstimate.method keys
-_SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20}
-_CONTEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([km]?)\s*$", re.IGNORECASE)
-
-
-def parse_context(value: str | int) -> int:
-    """Token count from ``4096``, ``"4096"``, ``"128k"`` (131072) or ``"1m"`` (1048576)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        tokens = value
-    else:
-        match = _CONTEXT.match(str(value).replace("_", ""))
-        number = float(match[1]) * _SUFFIX[match[2].lower()] if match else -1.0
-        if not number.is_integer():
-            raise ValueError(f"context {value!r} is not a whole number of tokens")
-        tokens = int(number)
-    if tokens < 1:
-        raise ValueError(
-            f"context must be a positive token count such as 4096, 32k, 128k or 1m; got {value!r}"
-        )
-    return tokens
-
-
-def dtype_bytes(dtype: Any) -> int:
-    """Bytes per element of ``"bf16"``, ``"float32"``, ``torch.float16``, ..."""
-    name = str(dtype).lower().removeprefix("torch.")
-    name = _DTYPE_ALIASES.get(name, name)
-    if name not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
-    return DTYPE_BYTES[name]
+NOISE_THREADS = 4  # the space draws partitions in min(torch threads, 4) threads by default
+# Bytes per chunk element of one CUDA randperm (a radix sort on random keys; int64 keys from
+# about 30k elements on): random and sorted int64 keys 16, int32 arange and permutation 8,
+# CUB's alternate key and value buffers 12.
+RANDPERM_BYTES = 36
 
 
 def format_bytes(n: float) -> str:
@@ -59,145 +62,6 @@ def format_bytes(n: float) -> str:
             value = n / size
             return f"{value:.3g} {unit}" if value < 100 else f"{value:,.0f} {unit}"
     return f"{n:.0f} B"
-
-
-# --------------------------------------------------------------------------- model shape
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the formulas need from a config: sizes, exact parameter count, LoRA targets."""
-
-    name: str
-    parameters: int
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    largest_tensor: int
-    lora_matrices: tuple[tuple[int, int], ...]  # (in_features, out_features) of each target
-    windows: tuple[int | None, ...]  # per layer: sliding-window length, None for full attention
-    max_context: int | None = None
-    counted: str = "meta"  # "meta" (exact) or "closed-form"
-
-    def lora_parameters(self, rank: int) -> int:
-        """``r * (in + out)`` summed over the targeted linear layers."""
-        return rank * sum(i + o for i, o in self.lora_matrices)
-
-    def attended(self, context: int) -> list[int]:
-        """Keys each layer attends to (and caches) at ``context`` tokens."""
-        return [context if w is None else min(context, w) for w in self.windows]
-
-
-def load_config(config_or_path: Any) -> Any:
-    """A ``PretrainedConfig`` from itself, a dict, a local folder or ``config.json``."""
-    transformers = require_transformers()
-    if isinstance(config_or_path, transformers.PretrainedConfig):
-        return config_or_path
-    if isinstance(config_or_path, dict):
-        data = dict(config_or_path)
-        return transformers.AutoConfig.for_model(data.pop("model_type"), **data)
-    path = Path(str(config_or_path)).expanduser()
-    if path.is_file():
-        return load_config(json.loads(path.read_text(encoding="utf-8")))
-    if (path / "config.json").is_file():
-        return transformers.AutoConfig.from_pretrained(str(path))
-    try:  # a hub name already in the local cache; never a download
-        return transformers.AutoConfig.from_pretrained(str(config_or_path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ValueError(
-            f"no config.json found for {config_or_path!r}: pass a local model folder, a "
-            "config.json or a transformers config object (nothing is downloaded)"
-        ) from exc
-
-
-def model_shape(config_or_path: Any, *, lora_targets: tuple[str, ...] = LORA_TARGETS) -> ModelShape:
-    """Sizes of a decoder-only LM; parameters counted on the ``meta`` device when possible."""
-    config = load_config(config_or_path)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = text.num_attention_heads
-    hidden = text.hidden_size
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    layers = text.num_hidden_layers
-    kinds = getattr(text, "layer_types", None) or ["full_attention"] * layers
-    window = getattr(text, "sliding_window", None)
-    windows = tuple(window if k == "sliding_attention" and window else None for k in kinds)
-    dims = {
-        "layers": layers,
-        "hidden": hidden,
-        "heads": heads,
-        "kv_heads": getattr(text, "num_key_value_heads", None) or heads,
-        "head_dim": head_dim,
-        "intermediate": getattr(text, "intermediate_size", None) or 4 * hidden,
-        "vocab": text.vocab_size,
-        "windows": windows,
-        "max_context": getattr(text, "max_position_embeddings", None),
-    }
-    name = str(getattr(config, "name_or_path", "") or getattr(config, "model_type", "model"))
-    name = name.rstrip("/").rsplit("/", 1)[-1]
-    try:
-        counts = _count_on_meta(config, lora_targets)
-    except Exception:  # an architecture AutoModelForCausalLM cannot build: closed form
-        counts = _count_closed_form(text, dims, lora_targets)
-    return ModelShape(name=name, **dims, **counts)
-
-
-def _count_on_meta(config: Any, targets: tuple[str, ...]) -> dict[str, Any]:
-    """Exact counts from the model built on the meta device (no memory allocated)."""
-    import torch
-
-    transformers = require_transformers()
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    params = list(model.parameters())  # a tied tensor is listed once
-    lora = tuple(
-        (m.in_features, m.out_features)
-        for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets
-    )
-    return {
-        "parameters": sum(p.numel() for p in params),
-        "largest_tensor": max(p.numel() for p in params),
-        "lora_matrices": lora,
-        "counted": "meta",
-    }
-
-
-def _count_closed_form(text: Any, d: dict[str, Any], targets: tuple[str, ...]) -> dict[str, Any]:
-    """Llama-style closed form (embeddings, GQA attention, gated MLP, RMSNorms)."""
-    h, q, kv, i, v = (
-        d["hidden"],
-        d["heads"] * d["head_dim"],
-        d["kv_heads"] * d["head_dim"],
-        d["intermediate"],
-        d["vocab"],
-    )
-    shapes = {
-        "q_proj": (h, q),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (q, h),
-        "gate_proj": (h, i),
-        "up_proj": (h, i),
-        "down_proj": (i, h),
-    }
-    bias = (q + 2 * kv) if getattr(text, "attention_bias", False) else 0
-    per_layer = sum(a * b for a, b in shapes.values()) + bias + 2 * h
-    tied = getattr(text, "tie_word_embeddings", True)
-    total = v * h * (1 if tied else 2) + d["layers"] * per_layer + h
-    lora = tuple(s for _ in range(d["layers"]) for n, s in shapes.items() if n in targets)
-    return {
-        "parameters": total,
-        "largest_tensor": max(v * h, h * i),
-        "lora_matrices": lora,
-        "counted": "closed-form",
-    }
-
-
-# --------------------------------------------------------------------------- estimate
 
 
 @dataclass(frozen=True)
@@ -317,8 +181,10 @@ def estimate_memory(
     batch: int = 1,
     dtype: Any = "bfloat16",
     lora_rank: int = 16,
-    chunk_size: int = 2**22,
+    chunk_size: int = MODEL_CHUNK_SIZE,
     subspaces: int = 1,
+    noise: str = "generator",
+    noise_threads: int = NOISE_THREADS,
     attention: str = "flash",
     recompute: bool = False,
     prefill_chunk: int | None = None,
@@ -332,19 +198,27 @@ def estimate_memory(
     ``context`` is the full sequence length (prompt + completion) of a rollout, ``batch`` the
     number of sequences decoded (and, for GRPO, back-propagated) together. ``attention`` is
     ``"flash"`` (no s^2 term) or ``"eager"``; ``recompute`` turns on full activation
-    checkpointing for GRPO. See docs/memory.md for every formula.
+    checkpointing for GRPO. ``chunk_size``, ``subspaces`` (CoPES K), ``noise`` and
+    ``noise_threads`` are the ES space's settings (weights on an accelerator). See
+    docs/memory.md for every formula.
     """
     s, b, w = parse_context(context), int(batch), dtype_bytes(dtype)
-    dtype_name = _canonical(dtype)
-    if b < 1 or lora_rank < 1 or subspaces < 1 or chunk_size < 1:
-        raise ValueError("batch, lora_rank, subspaces and chunk_size must all be >= 1")
+    if min(b, lora_rank, subspaces, chunk_size, noise_threads) < 1:
+        raise ValueError(
+            "batch, lora_rank, subspaces, chunk_size and noise_threads must all be >= 1"
+        )
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    if noise not in NOISE_MODES:
+        raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
     if es_optimizer not in ("sgd", "adam"):
         raise ValueError(f"es_optimizer must be 'sgd' or 'adam', got {es_optimizer!r}")
     if backup_device not in ("cpu", "device"):
         raise ValueError(f"backup_device must be 'cpu' or 'device', got {backup_device!r}")
     shape = model_shape(config_or_path, lora_targets=lora_targets)
+    c = min(chunk_size, shape.largest_tensor)
+    if noise == "table" and c > DEFAULT_TABLE_SIZE:
+        raise ValueError(f"chunk_size {c} exceeds the noise table ({DEFAULT_TABLE_SIZE})")
     P, L, h, a, V = shape.parameters, shape.layers, shape.hidden, shape.heads, shape.vocab
     kv_dim, i_dim = shape.kv_heads * shape.head_dim, shape.intermediate
     keys = shape.attended(s)
@@ -360,7 +234,6 @@ def estimate_memory(
     # -- ES: forward passes only
     sp = min(s, prefill_chunk or s)
     scores = 2 * b * a * sp * max(keys) * w if attention == "eager" else 0
-    c = min(chunk_size, shape.largest_tensor)
     es_items = [
         weights,
         kv,
@@ -370,21 +243,11 @@ def estimate_memory(
             "b * s_p * (4h + 3i) * bytes + 4 * b * V (last-token logits, fp32)"
             + (" + 2 * b * a * s_p * s * bytes (eager scores)" if scores else ""),
         ),
-        Item(
-            "ES chunk buffers",
-            28 * c + (26 * c if subspaces > 1 else 0),
-            "28 * c (fp32 noise, accumulator, step; fp64 step and its square for the norm)"
-            + (" + 26 * c (int64 label draw, uint8 labels, bool mask)" if subspaces > 1 else "")
-            + ", c = min(chunk_size, largest tensor)",
-        ),
+        *_es_space_items(P, c, w, subspaces, noise, noise_threads),
     ]
-    if subspaces > 1:
-        label = 1 if subspaces <= 256 else 4
-        es_items.append(
-            Item("partition labels (CoPES)", label * P, f"d * {label} byte (label cache, K > 1)")
-        )
-    if es_optimizer == "adam":
-        es_items.append(Item("Adam moments", 8 * P, "2 * 4 * d (fp32 m and v)"))
+    if es_optimizer == "adam":  # moments in the update's precision: fp64 for fp64 weights
+        m = 8 if w == 8 else 4
+        es_items.append(Item("Adam moments", 2 * m * P, f"2 * {m} * d (fp{8 * m} m and v)"))
     low = w < 4
     es_items.append(
         Item(
@@ -447,10 +310,71 @@ def estimate_memory(
         "LoRA rank": lora_rank,
         "subspaces": subspaces,
         "chunk": c,
+        "noise": noise,
+        "noise threads": noise_threads,
     }
-    return MemoryEstimate(shape, s, b, dtype_name, settings, methods, tuple(notes))
+    return MemoryEstimate(shape, s, b, canonical_dtype(dtype), settings, methods, tuple(notes))
 
 
-def _canonical(dtype: Any) -> str:
-    name = str(dtype).lower().removeprefix("torch.")
-    return _DTYPE_ALIASES.get(name, name)
+def _es_space_items(d: int, c: int, w: int, subspaces: int, noise: str, threads: int) -> list[Item]:
+    """What the ES parameter space holds on the accelerator beside the weights.
+
+    ``c`` is the largest chunk, ``w`` the bytes of a weight, ``threads`` the threads that draw
+    a step's partition. The terms follow ``ParameterSpace`` (esbox/space.py): see
+    docs/memory.md for each buffer.
+    """
+    acc = 8 if w == 8 else 4  # the update accumulates in fp64 for fp64 weights, else fp32
+    masked = subspaces > 1
+    buffers = [(4, "noise (one fp32 chunk buffer on an accelerator)")] if noise != "table" else []
+    if masked:
+        buffers.append((8, "mask buffers (fp32 mask, int32 table index)"))
+    if acc == 4:
+        buffers.append(
+            (16, "update (fp32 gradient estimate and step, fp64 copy of the step for its norm)")
+        )
+    else:
+        buffers.append(
+            (24, "update (fp64 gradient estimate and step, fp64 copy of each noise chunk)")
+        )
+    if masked:
+        buffers.append((acc, f"subspace accumulator (fp{8 * acc})"))
+    if label_bits(subspaces) == 32:
+        buffers.append((4, "fresh fp32 mask (int32 labels, K > 256)"))
+    items = [
+        Item(
+            "ES chunk buffers",
+            sum(n for n, _ in buffers) * c,
+            " + ".join(f"{n}c {what}" for n, what in buffers)
+            + ", c = min(chunk_size, largest tensor)",
+        )
+    ]
+    if noise == "table":
+        items.append(
+            Item(
+                "noise table",
+                4 * DEFAULT_TABLE_SIZE,
+                f"4 * {DEFAULT_TABLE_SIZE:,} (fp32 noise table, one per device)",
+            )
+        )
+    if masked:
+        bits = label_bits(subspaces)
+        items += [
+            Item(
+                "partition labels (CoPES)",
+                -(-d * bits // 8),
+                f"d * {bits} / 8 "
+                + (
+                    f"(labels packed {bits} bits a weight, K = {subspaces})"
+                    if bits < 32
+                    else f"(int32 labels, K = {subspaces} > 256)"
+                ),
+            ),
+            Item(
+                "partition draw (transient)",
+                threads * RANDPERM_BYTES * c,
+                f"{threads} threads * {RANDPERM_BYTES}c (one CUDA randperm of a chunk each: "
+                "int64 random and sorted keys, int32 arange and permutation, CUB's alternate "
+                "key and value buffers; once per step)",
+            ),
+        ]
+    return items

@@ -13,11 +13,15 @@ from esbox.adapters.memory import (  # noqa: E402
     GRPO,
     LORA,
     LORA_TARGETS,
-    _count_closed_form,
+    NOISE_THREADS,
+    RANDPERM_BYTES,
     estimate_memory,
     model_shape,
     parse_context,
 )
+from esbox.adapters.model_shapes import _count_closed_form  # noqa: E402
+from esbox.adapters.torch_space import MODEL_CHUNK_SIZE  # noqa: E402
+from esbox.noise import DEFAULT_TABLE_SIZE  # noqa: E402
 
 COMMON = dict(
     vocab_size=64,
@@ -97,7 +101,71 @@ def test_es_is_below_grpo_and_lora_grpo(context, dtype):
     assert es.device_bytes < lora.device_bytes < grpo.device_bytes
     assert es.device_bytes + es.host_bytes < grpo.device_bytes + grpo.host_bytes
     assert es.host_bytes == 4 * est.model.parameters  # fp32 master (bf16) or fp32 backup
-    assert es.get("partition labels (CoPES)") == est.model.parameters  # uint8, d bytes
+    assert 4 * es.get("partition labels (CoPES)") == est.model.parameters  # K = 4: 2 bits
+
+
+@pytest.mark.parametrize(("k", "bits"), [(2, 1), (3, 2), (4, 2), (16, 4), (17, 8), (256, 8)])
+def test_partition_labels_are_packed_label_bits_a_weight(k, bits):
+    d = model_shape(tiny_config()).parameters
+    es = estimate_memory(tiny_config(), context=16, subspaces=k).method(ES)
+    assert es.get("partition labels (CoPES)") == -(-d * bits // 8)
+    formulas = {item.name: item.formula for item in es.items}
+    assert f"d * {bits} / 8" in formulas["partition labels (CoPES)"]
+
+
+@pytest.mark.parametrize("k", [2, 4, 300])
+def test_label_estimate_matches_the_cache_a_real_space_keeps(k):
+    from esbox.adapters.torch_space import TorchModuleSpace
+
+    model = real_model(tiny_config())
+    space = TorchModuleSpace(model, chunk_size=1000, noise_threads=1)
+    cached = sum(t.numel() * t.element_size() for t in space._partition(0, 0, k))
+    estimated = estimate_memory(tiny_config(), context=16, subspaces=k).method(ES)
+    # the space packs chunk by chunk: at most one partly filled byte per chunk more
+    assert 0 <= cached - estimated.get("partition labels (CoPES)") < len(space.chunks)
+
+
+def test_more_than_256_subspaces_cache_int32_labels():
+    d = model_shape(tiny_config()).parameters
+    es = estimate_memory(tiny_config(), context=16, subspaces=300).method(ES)
+    assert es.get("partition labels (CoPES)") == 4 * d
+    one = estimate_memory(tiny_config(), context=16, subspaces=1).method(ES)
+    assert one.get("partition labels (CoPES)") == 0  # no partition without CoPES
+
+
+def test_chunk_buffers_follow_the_space():
+    c = 1024  # below the tiny model's largest tensor (64 * 32)
+    est = {
+        k: estimate_memory(tiny_config(), context=16, chunk_size=c, subspaces=k).method(ES)
+        for k in (1, 4, 300)
+    }
+    # noise 4c + update 16c; CoPES adds mask buffers 8c and an accumulator 4c;
+    # int32 labels (K > 256) add a fresh fp32 mask 4c
+    assert est[1].get("ES chunk buffers") == 20 * c
+    assert est[4].get("ES chunk buffers") == 32 * c
+    assert est[300].get("ES chunk buffers") == 36 * c
+    assert est[1].get("partition draw (transient)") == 0
+    assert est[4].get("partition draw (transient)") == NOISE_THREADS * RANDPERM_BYTES * c
+    two = estimate_memory(tiny_config(), context=16, chunk_size=c, subspaces=4, noise_threads=2)
+    assert two.method(ES).get("partition draw (transient)") == 2 * RANDPERM_BYTES * c
+    f64 = estimate_memory(tiny_config(), context=16, chunk_size=c, dtype="float64").method(ES)
+    assert f64.get("ES chunk buffers") == 28 * c  # noise 4c + fp64 update 24c
+
+
+def test_chunk_defaults_to_the_model_chunk_size():
+    shape = model_shape(tiny_config())
+    est = estimate_memory(tiny_config(), context=16)
+    assert est.settings["chunk"] == min(MODEL_CHUNK_SIZE, shape.largest_tensor)
+    assert est.settings["noise"] == "generator"
+
+
+def test_table_noise_replaces_the_noise_buffer_with_one_table():
+    c = 1024
+    gen = estimate_memory(tiny_config(), context=16, chunk_size=c).method(ES)
+    table = estimate_memory(tiny_config(), context=16, chunk_size=c, noise="table").method(ES)
+    assert table.get("noise table") == 4 * DEFAULT_TABLE_SIZE
+    assert table.get("ES chunk buffers") == gen.get("ES chunk buffers") - 4 * c
+    assert gen.get("noise table") == 0
 
 
 def test_kv_cache_and_activations_grow_linearly_with_context_and_batch():
@@ -164,6 +232,17 @@ def test_bad_options_raise_value_error():
         estimate_memory(tiny_config(), context=16, dtype="int3")
     with pytest.raises(ValueError, match="attention"):
         estimate_memory(tiny_config(), context=16, attention="paged")
+    with pytest.raises(ValueError, match="noise"):
+        estimate_memory(tiny_config(), context=16, noise="uniform")
+    with pytest.raises(ValueError, match="noise_threads"):
+        estimate_memory(tiny_config(), context=16, noise_threads=0)
+
+
+def test_public_names_stay_importable_from_memory():
+    from esbox.adapters import memory, model_shapes
+
+    for name in ("model_shape", "parse_context", "load_config", "dtype_bytes", "ModelShape"):
+        assert getattr(memory, name) is getattr(model_shapes, name)
 
 
 def test_markdown_table_names_every_method_and_the_host_backup():
