@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from esbox.config import option
-from esbox.space import DEFAULT_CHUNK_SIZE
+
+from .torch_space import MODEL_CHUNK_SIZE
 
 SHIPPED_MODEL = "smollm2"
 
@@ -32,7 +33,7 @@ class LLMProblemOptions:
     device: str = option("cpu", "device of the model (cpu, cuda, cuda:1, ...)")
     include: list = option([], "glob patterns of parameter names to train (empty: all)")
     exclude: list = option([], "glob patterns of parameter names to keep frozen")
-    chunk_size: int = option(DEFAULT_CHUNK_SIZE, "elements per noise chunk", minimum=1)
+    chunk_size: int = option(MODEL_CHUNK_SIZE, "elements per noise chunk", minimum=1)
     backup_device: str = option("cpu", "where the exact backup / fp32 master lives")
     noise: str = option(
         "generator",
