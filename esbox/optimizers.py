@@ -70,7 +70,8 @@ class ChunkOptimizer:
         else:
             step = grad * learning_rate
         if spec.weight_decay:
-            step.add_(theta.to(step.dtype), alpha=-learning_rate * spec.weight_decay)
+            decayed = theta.to(device=step.device, dtype=step.dtype)  # master may be on the host
+            step.add_(decayed, alpha=-learning_rate * spec.weight_decay)
         return step
 
     def state_dict(self) -> dict[str, torch.Tensor]:
