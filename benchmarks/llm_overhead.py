@@ -36,7 +36,7 @@ MIB = float(1 << 20)
 SIGMA, LEARNING_RATE = 2e-3, 2e-3
 STRATEGIES = (("openai_es", {}), ("copes", {"subspaces": 4}))
 DEFAULT_MODEL = "~/.cache/esbox/models/smollm2-135m-instruct"
-DEFAULT_CHUNK_SIZE = 1 << 22  # esbox.space.DEFAULT_CHUNK_SIZE (imported lazily in the children)
+DEFAULT_CHUNK_SIZE = 1 << 20  # esbox.adapters.torch_space.MODEL_CHUNK_SIZE (children import it)
 
 
 # -- memory probes ---------------------------------------------------------------------------
