@@ -64,7 +64,34 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
-class HFBackend:
+class TemplatedPrompts:
+    """Prompt rendering shared by backends: chat template (or plain text) plus prefill.
+
+    Needs ``self.tokenizer`` (a Hugging Face tokenizer) and ``self.chat_template`` (or None).
+    """
+
+    tokenizer: Any
+    chat_template: str | None
+
+    def render(self, prompt: Prompt, prefill: str | None = None) -> str:
+        """The exact text fed to the model for one prompt (template + prefill)."""
+        if isinstance(prompt, str):
+            text = prompt
+        else:
+            kwargs = {"chat_template": self.chat_template} if self.chat_template else {}
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in prompt], tokenize=False, add_generation_prompt=True, **kwargs
+            )
+        return text + (prefill or "")
+
+    def encode(self, prompt: Prompt, prefill: str | None = None) -> list[int]:
+        """Token ids of :meth:`render`; special tokens come from the template, not added twice."""
+        text = self.render(prompt, prefill)
+        add_special = isinstance(prompt, str)
+        return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
+
+
+class HFBackend(TemplatedPrompts):
     """Batched generation with a transformers causal LM.
 
     * Chat prompts (lists of ``{"role", "content"}``) go through the tokenizer's
@@ -111,23 +138,6 @@ class HFBackend:
             elif source is not None:
                 ids.update(int(i) for i in source)
         return ids
-
-    def render(self, prompt: Prompt, prefill: str | None = None) -> str:
-        """The exact text fed to the model for one prompt (template + prefill)."""
-        if isinstance(prompt, str):
-            text = prompt
-        else:
-            kwargs = {"chat_template": self.chat_template} if self.chat_template else {}
-            text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in prompt], tokenize=False, add_generation_prompt=True, **kwargs
-            )
-        return text + (prefill or "")
-
-    def encode(self, prompt: Prompt, prefill: str | None = None) -> list[int]:
-        """Token ids of :meth:`render`; special tokens come from the template, not added twice."""
-        text = self.render(prompt, prefill)
-        add_special = isinstance(prompt, str)
-        return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
     def generate(
         self,

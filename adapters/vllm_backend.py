@@ -51,7 +51,7 @@ from esbox.noise import DEFAULT_TABLE_SIZE, derive_seed
 from esbox.space import Chunk, ParameterSpace, chunk_layout
 from esbox.specs import Perturbation, Update
 
-from .generation import Prompt, truncate_at_stop
+from .generation import Prompt, TemplatedPrompts, truncate_at_stop
 from .torch_space import MODEL_CHUNK_SIZE, TorchModuleSpace
 
 WORKER_EXTENSION = "esbox.adapters.vllm_backend.EsboxWorkerExtension"
@@ -569,7 +569,7 @@ class VLLMSpace:
         return str(self._rpc("esbox_checksum", scope)[0])
 
 
-class VLLMBackend:
+class VLLMBackend(TemplatedPrompts):
     """Batched generation with a ``vllm.LLM`` (the :class:`GenerationBackend` interface).
 
     Prompts are rendered like :class:`~esbox.adapters.generation.HFBackend` renders them
@@ -589,23 +589,6 @@ class VLLMBackend:
         self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
         self.chat_template = chat_template
         self.last_stats: dict[str, float] = {}
-
-    def render(self, prompt: Prompt, prefill: str | None = None) -> str:
-        """The exact text fed to the model for one prompt (template + prefill)."""
-        if isinstance(prompt, str):
-            text = prompt
-        else:
-            kwargs = {"chat_template": self.chat_template} if self.chat_template else {}
-            text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in prompt], tokenize=False, add_generation_prompt=True, **kwargs
-            )
-        return text + (prefill or "")
-
-    def encode(self, prompt: Prompt, prefill: str | None = None) -> list[int]:
-        """Token ids of :meth:`render`; special tokens come from the template, not added twice."""
-        text = self.render(prompt, prefill)
-        add_special = isinstance(prompt, str)
-        return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
     def generate(
         self,
