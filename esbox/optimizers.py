@@ -53,22 +53,25 @@ class ChunkOptimizer:
         grad: torch.Tensor,
         learning_rate: float,
     ) -> torch.Tensor:
-        """The step to add to ``theta`` (a chunk at ``start`` of tensor ``tensor_index``)."""
+        """The step to add to ``theta`` (a chunk at ``start`` of tensor ``tensor_index``).
+
+        ``grad`` is the caller's scratch: the step may be computed in its storage.
+        """
         stop = start + grad.numel()
         if spec.name == "adam":
             m = self._buffer("adam_m", tensor_index, numel, grad)[start:stop]
             v = self._buffer("adam_v", tensor_index, numel, grad)[start:stop]
             m.mul_(spec.beta1).add_(grad, alpha=1 - spec.beta1)
             v.mul_(spec.beta2).addcmul_(grad, grad, value=1 - spec.beta2)
-            m_hat = m / (1 - spec.beta1**self.steps)
+            m_hat = torch.div(m, 1 - spec.beta1**self.steps, out=grad)
             v_hat = v / (1 - spec.beta2**self.steps)
             step = m_hat.div_(v_hat.sqrt_().add_(spec.eps)).mul_(learning_rate)
         elif spec.momentum > 0:
             velocity = self._buffer("momentum", tensor_index, numel, grad)[start:stop]
             velocity.mul_(spec.momentum).add_(grad)
-            step = velocity * learning_rate
+            step = torch.mul(velocity, learning_rate, out=grad)
         else:
-            step = grad * learning_rate
+            step = grad.mul_(learning_rate)
         if spec.weight_decay:
             decayed = theta.to(device=step.device, dtype=step.dtype)  # master may be on the host
             step.add_(decayed, alpha=-learning_rate * spec.weight_decay)

@@ -115,6 +115,7 @@ class ParameterSpace:
         self._labels_cache: list[torch.Tensor] = []
         self._largest = largest
         self._mask_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._update_buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self.reflect_antithetic = reflect_antithetic
 
     @property
@@ -309,10 +310,11 @@ class ParameterSpace:
             flat = self._flat[chunk.tensor_index]
             theta = self._master.get(chunk.tensor_index, flat)[chunk.start : chunk.stop]
             acc_dtype = torch.float64 if theta.dtype == torch.float64 else torch.float32
-            grad = torch.zeros(chunk.numel, dtype=acc_dtype, device=flat.device)
+            grad_buffer, acc_buffer = self._update_scratch(flat.device, acc_dtype)
+            grad = grad_buffer[: chunk.numel].zero_()
             for terms in groups:
                 masked = terms[0].num_subspaces > 1
-                acc = torch.zeros_like(grad) if masked else grad
+                acc = acc_buffer[: chunk.numel].zero_() if masked else grad
                 for term in terms:
                     acc.add_(next(stream).to(acc_dtype), alpha=term.coefficient)
                 if masked:  # subspaces are disjoint: mask a subspace's sum once, not each term
@@ -333,6 +335,17 @@ class ParameterSpace:
                 flat[chunk.start : chunk.stop].copy_(theta)
         self._backup = None
         return math.sqrt(squared)
+
+    def _update_scratch(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two chunk-sized accumulators (the step's gradient and a subspace's sum), allocated
+        once and reused by every chunk of every update: no allocator churn between chunks."""
+        key = (device, dtype)
+        if key not in self._update_buffers:
+            self._update_buffers[key] = allocate(2 * self._largest, dtype, device)
+        both = self._update_buffers[key]
+        return both[: self._largest], both[self._largest :]
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
