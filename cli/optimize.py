@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,7 +17,8 @@ from esbox.cli.run import (
     resolve_config,
     write_config,
 )
-from esbox.runconfig import apply_overrides, dumps_yaml, load_yaml
+from esbox.registry import get_strategy
+from esbox.runconfig import apply_overrides, dumps_yaml, load_yaml, split_options
 
 EPILOG = """\b
 Examples:
@@ -25,6 +27,7 @@ Examples:
   esbox optimize --set problem.name=rosenbrock --set problem.dimension=50 \\
                  --set budget.max_steps=300 --out runs/rosen
   esbox optimize --config run.yaml --dry-run      # print the resolved config
+  esbox optimize --config examples/llm-arith.yaml --strategy esopt
 
 \b
 Main keys (all of them: docs/cli.md; strategy options: esbox strategies NAME):
@@ -51,7 +54,12 @@ Main keys (all of them: docs/cli.md; strategy options: esbox strategies NAME):
     type=click.Path(dir_okay=False, path_type=Path),
     help="YAML run config; flags and --set override it.",
 )
-@click.option("--strategy", "-s", help="Strategy name (overrides the config's `strategy`).")
+@click.option(
+    "--strategy",
+    "-s",
+    help="Strategy name (overrides the config's `strategy`; config options the new strategy "
+    "does not take, such as CoPES's `subspaces`, are dropped with a note).",
+)
 @click.option("--seed", type=int, help="Run seed (overrides the config's `seed`).")
 @click.option(
     "--set",
@@ -82,6 +90,8 @@ def optimize(
     """
     with user_errors():
         raw = load_yaml(config_path) if config_path is not None else {}
+        if strategy is not None:
+            raw = _switch_strategy(raw, strategy)
         flags = {"strategy": strategy, "seed": seed, "output.dir": out}
         settings = [
             f"{key}={_yaml_scalar(value)}" for key, value in flags.items() if value is not None
@@ -96,6 +106,26 @@ def optimize(
     directory = make_run_directory(config, overwrite=overwrite)
     write_config(directory, config)
     finish(execute(session, directory, quiet=quiet, resume=False))
+
+
+def _switch_strategy(raw: dict[str, Any], strategy: str) -> dict[str, Any]:
+    """The config with ``--strategy``'s choice: the config's options that only its own strategy
+    takes (CoPES's ``subspaces`` for ``--strategy esopt``) are dropped, with a note.
+
+    Options set with ``--set`` are applied afterwards and still checked.
+    """
+    options = raw.get("options")
+    if raw.get("strategy", strategy) == strategy or not isinstance(options, dict):
+        return raw
+    get_strategy(strategy)  # an unknown name fails here, naming the strategies
+    kept, dropped = split_options(strategy, options)
+    if dropped:
+        click.echo(
+            f"note: --strategy {strategy} drops the config's options it does not take: "
+            f"{', '.join(dropped)}",
+            err=True,
+        )
+    return {**raw, "options": kept}
 
 
 def _yaml_scalar(value: object) -> str:

@@ -126,6 +126,14 @@ def resolve_options(strategy: str, options: Mapping[str, Any]) -> dict[str, Any]
     return resolved
 
 
+def split_options(strategy: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``options`` split into those ``strategy`` takes and the names of those it does not
+    (used when a run switches strategy: the old strategy's own options are dropped)."""
+    own = {f.name for f in dataclasses.fields(get_strategy(strategy).Options)}
+    kept = {k: v for k, v in options.items() if k in own}
+    return kept, [k for k in options if k not in own]
+
+
 def _elsewhere(strategy: str, options: Mapping[str, Any]) -> str:
     """Which other strategies have the options ``strategy`` lacks (e.g. esopt's contexts)."""
     own = {f.name for f in dataclasses.fields(get_strategy(strategy).Options)}

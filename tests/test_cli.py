@@ -165,6 +165,27 @@ def test_dry_run_prints_the_resolved_config(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_strategy_flag_drops_the_other_strategys_options(tmp_path):
+    """--strategy on a config written for CoPES keeps the shared options and drops the rest,
+    saying so; an option set explicitly with --set is still checked."""
+    config = tmp_path / "copes.yaml"
+    config.write_text(
+        "strategy: copes\noptions: {population: 8, subspaces: 2, antithetic: false, "
+        "sigma: 0.3}\nproblem: {name: sphere, dimension: 5}\nbudget: {max_steps: 2}\n"
+    )
+    for strategy, dropped in [("esopt", "subspaces, antithetic"), ("openai_es", "subspaces")]:
+        result = run_ok("optimize", "-q", "-c", str(config), "-s", strategy, "--dry-run")
+        assert f"drops the config's options it does not take: {dropped}" in result.output
+        assert f"strategy: {strategy}" in result.output
+        assert "population: 8" in result.output and "sigma: 0.3" in result.output
+    result = run_ok("optimize", "-q", "-c", str(config), "-s", "copes", "--dry-run")
+    assert "drops" not in result.output and "subspaces: 2" in result.output
+    result = invoke(
+        "optimize", "-c", str(config), "-s", "esopt", "--set", "options.subspaces=2", "--dry-run"
+    )
+    assert result.exit_code == 2 and "unknown esopt option 'subspaces'" in result.output
+
+
 def test_callable_problems(tmp_path):
     (tmp_path / "objective.py").write_text(SLOW_FUNCTION.replace("time.sleep(0.003)", "pass"))
     out = tmp_path / "file"
