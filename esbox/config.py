@@ -24,19 +24,48 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
+_UNIONS = (typing.Union, types.UnionType)
+
+
 def _accepts(value: Any, hint: Any) -> bool:
     if hint is Any:
         return True
     origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
+    if origin in _UNIONS:
         return any(_accepts(value, arg) for arg in typing.get_args(hint))
     if origin is not None:
-        return isinstance(value, origin)
+        return isinstance(value, origin) and _items_accepted(value, origin, typing.get_args(hint))
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, hint)
+
+
+def _items_accepted(value: Any, origin: Any, args: tuple[Any, ...]) -> bool:
+    """The items of a parametrised container match its type arguments (``list[int]``,
+    ``tuple[float, ...]``, ``tuple[int, str]``, ``dict[str, float]``)."""
+    if not args:
+        return True
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_accepts(item, args[0]) for item in value)
+        return len(value) == len(args) and all(map(_accepts, value, args))
+    if origin is dict:
+        return all(_accepts(k, args[0]) and _accepts(v, args[1]) for k, v in value.items())
+    if origin in (list, set, frozenset):
+        return all(_accepts(item, args[0]) for item in value)
+    return True
+
+
+def _from_yaml(value: Any, hint: Any) -> Any:
+    """YAML has no tuples: a list given for a tuple-typed option becomes a tuple."""
+    if not isinstance(value, list):
+        return value
+    options = typing.get_args(hint) if typing.get_origin(hint) in _UNIONS else (hint,)
+    if any(arg is tuple or typing.get_origin(arg) is tuple for arg in options):
+        return tuple(value)
+    return value
 
 
 def build_options(cls: type, values: dict[str, Any], where: str = "option") -> Any:
@@ -46,6 +75,7 @@ def build_options(cls: type, values: dict[str, Any], where: str = "option") -> A
         if key not in fields:
             raise ConfigError(unknown_key_message(where, key, fields))
     hints = get_type_hints(cls)
+    values = {key: _from_yaml(value, hints[key]) for key, value in values.items()}
     for key, value in values.items():
         meta = fields[key].metadata
         if not _accepts(value, hints[key]):
@@ -66,7 +96,9 @@ def build_options(cls: type, values: dict[str, Any], where: str = "option") -> A
 
 
 def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+    if typing.get_origin(hint) is None and hasattr(hint, "__name__"):
+        return hint.__name__
+    return str(hint).replace("typing.", "")
 
 
 def describe_options(cls: type) -> list[dict[str, Any]]:

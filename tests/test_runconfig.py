@@ -199,3 +199,33 @@ def test_reference_lists_every_key_once():
         names = {row["name"] for row in rows if row["kind"] == kind}
         assert names == {f.name for f in dataclasses.fields(cls)}
     assert all(row["help"] for row in rows)
+
+
+def test_tuple_options_of_a_plugin_strategy_round_trip(monkeypatch):
+    """YAML has no tuples: a tuple-typed plugin option is written as a list and read back as
+    a tuple, and its items are still checked."""
+    from esbox import registry
+    from esbox.strategies.openai_es import OpenAIES
+
+    @dataclasses.dataclass
+    class Options(OpenAIES.Options):
+        widths: tuple[int, ...] = (4, 2)
+        pair: tuple[float, str] | None = None
+
+    class Widths(OpenAIES):
+        pass
+
+    Widths.Options = Options
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register("widths_es")(Widths)
+    config = run_config(
+        {"strategy": "widths_es", "options": {"widths": [8, 4, 2], "pair": [0.5, "a"]}}
+    )
+    assert config.options["widths"] == (8, 4, 2) and config.options["pair"] == (0.5, "a")
+    text = dumps_yaml(config)
+    assert "- 8" in text and "!!python" not in text
+    assert run_config(loads_yaml(text)) == config
+    with pytest.raises(ConfigError, match=r"'widths' must be of type tuple\[int, \.\.\.\]"):
+        run_config({"strategy": "widths_es", "options": {"widths": [8, "four"]}})
+    with pytest.raises(ConfigError, match="'pair'"):
+        run_config({"strategy": "widths_es", "options": {"pair": [1.0, 2.0, "x"]}})
