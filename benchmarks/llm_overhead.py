@@ -1,16 +1,17 @@
-"""LLM overhead of ES on the shipped model: perturb+restore time against a rollout, and peak RSS
-of an ES step against plain inference and one backprop step.
+"""LLM overhead of ES on the shipped model: the sweep's own time against the rollouts it
+brackets, and peak RSS of an ES step against plain inference and one backprop step.
 
-1. Time: one member's ``with space.perturbed(p): pass`` cycle (openai_es, and copes K=4) as a
-   fraction of one member's rollout (16 ArithmeticTask prompts x 32 new tokens, greedy,
-   HFBackend, no stop string), plus a per-operation breakdown of the cycle and what-if timings
-   of cheaper variants. Target: at most 5%.
-2. Memory: peak RSS of an ES step (perturb + rollout + restore + apply of a 16-term update), of
-   the same rollout without ES, and of one forward+backward+AdamW step on the same prompts plus
-   32 tokens. Each runs in its own subprocess; the peak counter is reset after the model is
-   loaded. Targets: ES <= 1.1x inference (host backup reported separately), <= 1/4 backprop.
+1. Time: one real ES step per variant (openai_es and copes K=4, each with and without
+   ``reflect_antithetic``): every member's rollout (16 ArithmeticTask prompts x 32 new tokens,
+   greedy, HFBackend, no stop string) inside one ``space.sweep``, the sweep's own work
+   (backup, writing each member, one restore) timed apart from the rollouts, then the update.
+   Also one call of each space operation on the whole model. Target: at most 5% a member.
+2. Memory: peak RSS of an ES step (sweep + rollouts + apply of the update), of the same rollout
+   without ES, and of one forward+backward+AdamW step on the same prompts plus 32 tokens. Each
+   runs in its own subprocess; the peak counter is reset after the model is loaded. Targets:
+   ES <= 1.1x inference (host backup reported separately), <= 1/4 backprop.
 
-    python benchmarks/llm_overhead.py --model /work/models/smollm2-135m-instruct
+    python benchmarks/llm_overhead.py --noise generator     # or --noise table
 
 Read the numbers as ratios within one run: absolute times depend on the machine and its load.
 """
