@@ -208,20 +208,23 @@ class ParameterSpace:
             packed, chunk.numel, spec.num_subspaces, spec.subspace, out=out, index=index
         )
 
-    def _directions(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
-        """Yield ``(chunk, mask * eps)`` for every chunk: the unscaled direction (fp32, a reused
-        buffer or a view of the noise table: read-only)."""
+    def _directions(
+        self, perturbation: Perturbation
+    ) -> Iterator[tuple[Chunk, torch.Tensor, torch.Tensor | None]]:
+        """Yield ``(chunk, eps, mask)`` for every chunk: the fp32 noise (a reused buffer or a
+        view of the noise table: read-only) and the 0/1 mask of the member's subspace (a reused
+        buffer; None without subspaces). Kept apart so a write can fuse the masking."""
         p = perturbation
         pairs = [(c, p.seed) for c in self.chunks]
         stream = self._member_noise(p.run_seed, p.step, pairs)
         for position, (chunk, eps) in enumerate(zip(self.chunks, stream, strict=True)):
-            if p.num_subspaces > 1:  # into the mask's own buffer: table noise stays a view
-                eps = self._mask(position, p.run_seed, p.step, p).mul_(eps)
-            yield chunk, eps
+            mask = self._mask(position, p.run_seed, p.step, p) if p.num_subspaces > 1 else None
+            yield chunk, eps, mask
 
     def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
         """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32, a fresh tensor each)."""
-        for chunk, direction in self._directions(perturbation):
+        for chunk, eps, mask in self._directions(perturbation):
+            direction = eps if mask is None else mask * eps
             yield chunk, direction * perturbation.scale
 
     # -- perturb / restore ------------------------------------------------------------------
@@ -272,13 +275,17 @@ class ParameterSpace:
     def _write(self, perturbation: Perturbation) -> None:
         """Set every chunk to ``reference + scale * mask * eps``."""
         scale = perturbation.scale
-        for chunk, direction in self._directions(perturbation):
+        for chunk, eps, mask in self._directions(perturbation):
             flat = self._flat[chunk.tensor_index]
             ref = self._reference(chunk.tensor_index)[chunk.start : chunk.stop]
             target = flat[chunk.start : chunk.stop]
             if flat.dtype == torch.float32 and ref.device == flat.device:
-                torch.add(ref, direction, alpha=scale, out=target)
+                if mask is None:
+                    torch.add(ref, eps, alpha=scale, out=target)
+                else:  # one pass: ref + scale * mask * eps
+                    torch.addcmul(ref, mask, eps, value=scale, out=target)
             else:
+                direction = eps if mask is None else mask.mul_(eps)
                 dtype = torch.promote_types(ref.dtype, direction.dtype)
                 value = ref.to(device=direction.device, dtype=dtype, copy=True)
                 target.copy_(value.add_(direction, alpha=scale))
