@@ -13,7 +13,7 @@ import logging
 import math
 import re
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
@@ -193,12 +193,14 @@ def evaluate(
     max_new_tokens: int | None = None,
     ks: Iterable[int] | None = None,
     batch_size: int | None = 64,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Score the model behind ``backend`` on a task split: accuracy, mean reward, pass@k.
 
     Greedy when ``num_samples == 1`` unless told otherwise; with several
     samples, ``pass@k`` is reported for k = 1, 2, 4, ... up to ``num_samples``.
-    Prompts go to the backend ``batch_size`` at a time.
+    Prompts go to the backend ``batch_size`` at a time; ``progress`` is called with the
+    number of questions of each batch once it is generated (e.g. a progress bar's update).
     """
     examples = task.split(split)[:limit]
     if greedy is None:
@@ -221,6 +223,8 @@ def evaluate(
             stop=list(task.stop) or None,
             num_samples=num_samples,
         )
+        if progress is not None:
+            progress(len(chunk))
     correct, rewards = [], []
     for j, ex in enumerate(examples):
         outs = completions[j * num_samples : (j + 1) * num_samples]

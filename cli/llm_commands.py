@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 import yaml
+from tqdm.auto import tqdm
 
 from esbox.cli.errors import CLIError
 
@@ -134,15 +135,19 @@ def evaluate_cmd(
         loaded, tokenizer = load_model(resolve_model_path(model), dtype=dtype, device=device)
     except (ValueError, ImportError, OSError) as exc:
         raise CLIError(str(exc)) from None
-    figures = evaluate(
-        task,
-        HFBackend(loaded, tokenizer),
-        split=split,
-        limit=limit,
-        num_samples=samples,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-    )
+    total = len(task.split(split)[:limit])
+    # a live bar on a terminal (tqdm stays silent when stderr is not one)
+    with tqdm(total=total, unit="question", dynamic_ncols=True, leave=False, disable=None) as bar:
+        figures = evaluate(
+            task,
+            HFBackend(loaded, tokenizer),
+            split=split,
+            limit=limit,
+            num_samples=samples,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            progress=bar.update,
+        )
     click.echo("| metric | value |\n|---|---|")
     for key, value in figures.items():
         click.echo(f"| {key} | {value:.4g} |")

@@ -342,7 +342,9 @@ class AnswerBackend:
 def test_evaluate_with_fake_backend():
     task = ArithmeticTask(train_size=10, heldout_size=200)
     backend = AnswerBackend()
-    result = evaluate(task, backend, batch_size=64)
+    done: list[int] = []
+    result = evaluate(task, backend, batch_size=64, progress=done.append)
+    assert done == [64, 64, 64, 8]  # one progress call per generated batch
     expected = sum(e.meta["a"] < 50 for e in task.heldout) / 200
     assert result["accuracy"] == pytest.approx(expected)
     assert result["mean_reward"] == pytest.approx(expected)
