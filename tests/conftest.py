@@ -6,6 +6,8 @@ through the same contract, convergence and golden tests without anyone writing t
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,18 @@ settings.register_profile("esbox", deadline=None, max_examples=60, derandomize=T
 settings.load_profile("esbox")
 
 STRATEGY_NAMES = sorted(esbox.available_strategies())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def deliverable_ctrl_c() -> Iterator[None]:
+    """The Ctrl-C tests need SIGINT delivered: a shell that starts pytest in the background
+    without job control ignores it, and Python (and every child it starts) then keeps
+    ignoring it. Restore Python's own handler for the session; children inherit the default."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 # Options every strategy accepts (they are on the shared StrategyOptions), small enough to be
 # cheap. A strategy that needs more to build at this size adds an entry to EXTRA_OPTIONS.
