@@ -136,9 +136,8 @@ def split_options(strategy: str, options: Mapping[str, Any]) -> tuple[dict[str, 
 
 def _elsewhere(strategy: str, options: Mapping[str, Any]) -> str:
     """Which other strategies have the options ``strategy`` lacks (e.g. esopt's contexts)."""
-    own = {f.name for f in dataclasses.fields(get_strategy(strategy).Options)}
     hints = []
-    for key in (k for k in options if k not in own):
+    for key in split_options(strategy, options)[1]:
         names = [
             name
             for name, cls in available_strategies().items()
