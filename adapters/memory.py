@@ -328,16 +328,13 @@ def _es_space_items(d: int, c: int, w: int, subspaces: int, noise: str, threads:
     buffers = [(4, "noise (one fp32 chunk buffer on an accelerator)")] if noise != "table" else []
     if masked:
         buffers.append((8, "mask buffers (fp32 mask, int32 table index)"))
+    buffers.append(
+        (2 * acc, f"update accumulators (fp{8 * acc} gradient estimate and subspace sum, reused)")
+    )
     if acc == 4:
-        buffers.append(
-            (16, "update (fp32 gradient estimate and step, fp64 copy of the step for its norm)")
-        )
+        buffers.append((8, "fp64 copy of the step for its norm"))
     else:
-        buffers.append(
-            (24, "update (fp64 gradient estimate and step, fp64 copy of each noise chunk)")
-        )
-    if masked:
-        buffers.append((acc, f"subspace accumulator (fp{8 * acc})"))
+        buffers.append((8, "fp64 copy of each noise chunk"))
     if label_bits(subspaces) == 32:
         buffers.append((4, "fresh fp32 mask (int32 labels, K > 256)"))
     items = [
