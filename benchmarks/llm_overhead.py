@@ -38,6 +38,7 @@ SIGMA, LEARNING_RATE = 2e-3, 2e-3
 STRATEGIES = (("openai_es", {}), ("copes", {"subspaces": 4}))
 DEFAULT_MODEL = "~/.cache/esbox/models/smollm2-135m-instruct"
 DEFAULT_CHUNK_SIZE = 1 << 20  # esbox.adapters.torch_space.MODEL_CHUNK_SIZE (children import it)
+DEFAULT_TABLE_SIZE = 1 << 25  # esbox.noise.DEFAULT_TABLE_SIZE
 
 
 # -- memory probes ---------------------------------------------------------------------------
@@ -152,7 +153,11 @@ def make_space(model: Any, args: argparse.Namespace, reflect: bool = False) -> A
     from esbox.adapters.torch_space import TorchModuleSpace
 
     return TorchModuleSpace(
-        model, noise=args.noise, chunk_size=args.chunk_size, reflect_antithetic=reflect
+        model,
+        noise=args.noise,
+        table_size=args.table_size,
+        chunk_size=args.chunk_size,
+        reflect_antithetic=reflect,
     )
 
 
@@ -314,6 +319,8 @@ def run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         args.noise,
         "--chunk-size",
         str(args.chunk_size),
+        "--table-size",
+        str(args.table_size),
     ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -331,7 +338,9 @@ def met(ok: bool) -> str:
 def report(timing: dict[str, Any], memory: dict[str, dict[str, Any]], args) -> str:
     first = next(iter(timing["variants"].values()))["rollouts"]
     lines = [
-        f"Noise: {args.noise}, chunks of {args.chunk_size} elements. Rollout: {args.prompts} "
+        f"Noise: {args.noise}"
+        + (f" ({args.table_size:,} fp32 normals)" if args.noise == "table" else "")
+        + f", chunks of {args.chunk_size} elements. Rollout: {args.prompts} "
         f"prompts x max {args.new_tokens} new tokens, greedy, no stop string; "
         f"{first[0]['forwards']} forward passes each; tokens before EOS: "
         f"{min(r['new_tokens'] for r in first):.0f}-{max(r['new_tokens'] for r in first):.0f} "
@@ -424,6 +433,9 @@ def main(argv: list[str] | None = None) -> None:
         help="the space's noise mode (table: windows of a shared noise table)",
     )
     parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
+    parser.add_argument(
+        "--table-size", type=int, default=DEFAULT_TABLE_SIZE, help="normals in the noise table"
+    )
     parser.add_argument("--json", help="also write the raw measurements here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
