@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from esbox.config import option
+from esbox.noise import DEFAULT_TABLE_SIZE
 
 from .torch_space import MODEL_CHUNK_SIZE
 
@@ -38,8 +39,13 @@ class LLMProblemOptions:
     noise: str = option(
         "generator",
         "generator: a Gaussian draw per chunk; table: windows of a "
-        "shared 128 MiB noise table (much cheaper on CPU)",
+        "shared noise table (much cheaper on CPU)",
         choices=("generator", "table"),
+    )
+    table_size: int = option(
+        DEFAULT_TABLE_SIZE,
+        "fp32 normals in the noise table (noise: table; 2^25 = 128 MiB; at least chunk_size)",
+        minimum=1,
     )
     reflect_antithetic: bool = option(
         False,
@@ -129,6 +135,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         chunk_size=options.chunk_size,
         backup_device=options.backup_device,
         noise=options.noise,
+        table_size=options.table_size,
         reflect_antithetic=options.reflect_antithetic,
     )
     backend = HFBackend(model, tokenizer)

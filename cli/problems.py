@@ -260,7 +260,13 @@ def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
-    """A context proposer needs a strategy co-evolving at least two contexts."""
+    """A noise table holds a whole chunk; a context proposer needs a strategy co-evolving at
+    least two contexts."""
+    if problem["noise"] == "table" and problem["table_size"] < problem["chunk_size"]:
+        raise ConfigError(
+            f"problem.table_size ({problem['table_size']}) must be at least problem.chunk_size "
+            f"({problem['chunk_size']}): each chunk's noise is one window of the table"
+        )
     if problem["context_proposer"] == "none":
         return
     contexts = getattr(strategy, "contexts", None)

@@ -110,3 +110,20 @@ def test_memory_prints_es_grpo_and_lora_columns(tiny_lm):
     assert "LoRA-GRPO" in result.output
     bad = invoke("memory", "--model", str(tiny_lm), "--context", "lots")
     assert bad.exit_code == 2 and "lots" in bad.output
+
+
+def test_noise_table_size_reaches_the_space_and_must_hold_a_chunk(tiny_lm, tmp_path):
+    from esbox.adapters.llm import LLMProblemOptions, build_llm
+
+    options = LLMProblemOptions(
+        model=str(tiny_lm),
+        task={"kind": "arithmetic", "train_size": 4, "heldout_size": 2},
+        chunk_size=1024,
+        noise="table",
+        table_size=4096,
+    )
+    assert build_llm(options, seed=0).space.state_dict()["noise_table_size"].item() == 4096
+    args = [*llm_args(tiny_lm, tmp_path / "bad"), "--set", "problem.noise=table"]
+    result = invoke(*args, "--set", "problem.chunk_size=8192", "--set", "problem.table_size=4096")
+    assert result.exit_code == 2
+    assert "problem.table_size (4096) must be at least problem.chunk_size (8192)" in result.output
