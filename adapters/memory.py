@@ -185,6 +185,7 @@ def estimate_memory(
     subspaces: int = 1,
     noise: str = "generator",
     noise_threads: int = NOISE_THREADS,
+    table_size: int = DEFAULT_TABLE_SIZE,
     attention: str = "flash",
     recompute: bool = False,
     prefill_chunk: int | None = None,
@@ -198,8 +199,9 @@ def estimate_memory(
     ``context`` is the full sequence length (prompt + completion) of a rollout, ``batch`` the
     number of sequences decoded (and, for GRPO, back-propagated) together. ``attention`` is
     ``"flash"`` (no s^2 term) or ``"eager"``; ``recompute`` turns on full activation
-    checkpointing for GRPO. ``chunk_size``, ``subspaces`` (CoPES K), ``noise`` and
-    ``noise_threads`` are the ES space's settings (weights on an accelerator). See
+    checkpointing for GRPO. ``chunk_size``, ``subspaces`` (CoPES K), ``noise``,
+    ``noise_threads`` and ``table_size`` are the ES space's settings (weights on an
+    accelerator). See
     docs/memory.md for every formula.
     """
     s, b, w = parse_context(context), int(batch), dtype_bytes(dtype)
@@ -217,8 +219,8 @@ def estimate_memory(
         raise ValueError(f"backup_device must be 'cpu' or 'device', got {backup_device!r}")
     shape = model_shape(config_or_path, lora_targets=lora_targets)
     c = min(chunk_size, shape.largest_tensor)
-    if noise == "table" and c > DEFAULT_TABLE_SIZE:
-        raise ValueError(f"chunk_size {c} exceeds the noise table ({DEFAULT_TABLE_SIZE})")
+    if noise == "table" and c > table_size:
+        raise ValueError(f"chunk_size {c} exceeds the noise table ({table_size})")
     P, L, h, a, V = shape.parameters, shape.layers, shape.hidden, shape.heads, shape.vocab
     kv_dim, i_dim = shape.kv_heads * shape.head_dim, shape.intermediate
     keys = shape.attended(s)
@@ -243,7 +245,7 @@ def estimate_memory(
             "b * s_p * (4h + 3i) * bytes + 4 * b * V (last-token logits, fp32)"
             + (" + 2 * b * a * s_p * s * bytes (eager scores)" if scores else ""),
         ),
-        *_es_space_items(P, c, w, subspaces, noise, noise_threads),
+        *_es_space_items(P, c, w, subspaces, noise, noise_threads, table_size),
     ]
     if es_optimizer == "adam":  # moments in the update's precision: fp64 for fp64 weights
         m = 8 if w == 8 else 4
@@ -316,7 +318,9 @@ def estimate_memory(
     return MemoryEstimate(shape, s, b, canonical_dtype(dtype), settings, methods, tuple(notes))
 
 
-def _es_space_items(d: int, c: int, w: int, subspaces: int, noise: str, threads: int) -> list[Item]:
+def _es_space_items(
+    d: int, c: int, w: int, subspaces: int, noise: str, threads: int, table_size: int
+) -> list[Item]:
     """What the ES parameter space holds on the accelerator beside the weights.
 
     ``c`` is the largest chunk, ``w`` the bytes of a weight, ``threads`` the threads that draw
@@ -349,8 +353,8 @@ def _es_space_items(d: int, c: int, w: int, subspaces: int, noise: str, threads:
         items.append(
             Item(
                 "noise table",
-                4 * DEFAULT_TABLE_SIZE,
-                f"4 * {DEFAULT_TABLE_SIZE:,} (fp32 noise table, one per device)",
+                4 * table_size,
+                f"4 * {table_size:,} (fp32 noise table, one per device)",
             )
         )
     if masked:

@@ -166,6 +166,12 @@ def test_table_noise_replaces_the_noise_buffer_with_one_table():
     assert table.get("noise table") == 4 * DEFAULT_TABLE_SIZE
     assert table.get("ES chunk buffers") == gen.get("ES chunk buffers") - 4 * c
     assert gen.get("noise table") == 0
+    small = estimate_memory(
+        tiny_config(), context=16, chunk_size=c, noise="table", table_size=1 << 23
+    ).method(ES)
+    assert small.get("noise table") == 4 << 23  # 32 MiB
+    with pytest.raises(ValueError, match="exceeds the noise table"):
+        estimate_memory(tiny_config(), context=16, chunk_size=c, noise="table", table_size=c - 1)
 
 
 def test_kv_cache_and_activations_grow_linearly_with_context_and_batch():
