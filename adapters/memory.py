@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esbox.noise import DEFAULT_TABLE_SIZE, NOISE_MODES
-from esbox.partition import label_bits
+from esbox.partition import label_bits, pattern_length
 
 from .model_shapes import (
     DTYPE_BYTES,
@@ -33,7 +33,6 @@ __all__ = [
     "GRPO",
     "LORA",
     "LORA_TARGETS",
-    "NOISE_THREADS",
     "Item",
     "MemoryEstimate",
     "MethodMemory",
@@ -48,11 +47,6 @@ __all__ = [
 
 ATTENTION = ("flash", "eager")
 ES, GRPO, LORA = "es", "grpo", "lora"  # MemoryEstimate.method keys
-NOISE_THREADS = 4  # the space draws partitions in min(torch threads, 4) threads by default
-# Bytes per chunk element of one CUDA randperm (a radix sort on random keys; int64 keys from
-# about 30k elements on): random and sorted int64 keys 16, int32 arange and permutation 8,
-# CUB's alternate key and value buffers 12.
-RANDPERM_BYTES = 36
 
 
 def format_bytes(n: float) -> str:
@@ -184,7 +178,6 @@ def estimate_memory(
     chunk_size: int = MODEL_CHUNK_SIZE,
     subspaces: int = 1,
     noise: str = "generator",
-    noise_threads: int = NOISE_THREADS,
     table_size: int = DEFAULT_TABLE_SIZE,
     attention: str = "flash",
     recompute: bool = False,
@@ -199,16 +192,13 @@ def estimate_memory(
     ``context`` is the full sequence length (prompt + completion) of a rollout, ``batch`` the
     number of sequences decoded (and, for GRPO, back-propagated) together. ``attention`` is
     ``"flash"`` (no s^2 term) or ``"eager"``; ``recompute`` turns on full activation
-    checkpointing for GRPO. ``chunk_size``, ``subspaces`` (CoPES K), ``noise``,
-    ``noise_threads`` and ``table_size`` are the ES space's settings (weights on an
-    accelerator). See
+    checkpointing for GRPO. ``chunk_size``, ``subspaces`` (CoPES K), ``noise``
+    and ``table_size`` are the ES space's settings (weights on an accelerator). See
     docs/memory.md for every formula.
     """
     s, b, w = parse_context(context), int(batch), dtype_bytes(dtype)
-    if min(b, lora_rank, subspaces, chunk_size, noise_threads) < 1:
-        raise ValueError(
-            "batch, lora_rank, subspaces, chunk_size and noise_threads must all be >= 1"
-        )
+    if min(b, lora_rank, subspaces, chunk_size) < 1:
+        raise ValueError("batch, lora_rank, subspaces and chunk_size must all be >= 1")
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     if noise not in NOISE_MODES:
@@ -245,7 +235,7 @@ def estimate_memory(
             "b * s_p * (4h + 3i) * bytes + 4 * b * V (last-token logits, fp32)"
             + (" + 2 * b * a * s_p * s * bytes (eager scores)" if scores else ""),
         ),
-        *_es_space_items(P, c, w, subspaces, noise, noise_threads, table_size),
+        *_es_space_items(c, w, subspaces, noise, table_size),
     ]
     if es_optimizer == "adam":  # moments in the update's precision: fp64 for fp64 weights
         m = 8 if w == 8 else 4
@@ -313,19 +303,15 @@ def estimate_memory(
         "subspaces": subspaces,
         "chunk": c,
         "noise": noise,
-        "noise threads": noise_threads,
     }
     return MemoryEstimate(shape, s, b, canonical_dtype(dtype), settings, methods, tuple(notes))
 
 
-def _es_space_items(
-    d: int, c: int, w: int, subspaces: int, noise: str, threads: int, table_size: int
-) -> list[Item]:
+def _es_space_items(c: int, w: int, subspaces: int, noise: str, table_size: int) -> list[Item]:
     """What the ES parameter space holds on the accelerator beside the weights.
 
-    ``c`` is the largest chunk, ``w`` the bytes of a weight, ``threads`` the threads that draw
-    a step's partition. The terms follow ``ParameterSpace`` (esbox/space.py): see
-    docs/memory.md for each buffer.
+    ``c`` is the largest chunk and ``w`` the bytes of a weight. The terms follow
+    ``ParameterSpace`` (esbox/space.py): see docs/memory.md for each buffer.
     """
     acc = 8 if w == 8 else 4  # the update accumulates in fp64 for fp64 weights, else fp32
     masked = subspaces > 1
@@ -359,23 +345,13 @@ def _es_space_items(
         )
     if masked:
         bits = label_bits(subspaces)
-        items += [
+        pattern = 2 * pattern_length(subspaces, c)
+        items.append(
             Item(
-                "partition labels (CoPES)",
-                -(-d * bits // 8),
-                f"d * {bits} / 8 "
-                + (
-                    f"(labels packed {bits} bits a weight, K = {subspaces})"
-                    if bits < 32
-                    else f"(int32 labels, K = {subspaces} > 256)"
-                ),
-            ),
-            Item(
-                "partition draw (transient)",
-                threads * RANDPERM_BYTES * c,
-                f"{threads} threads * {RANDPERM_BYTES}c (one CUDA randperm of a chunk each: "
-                "int64 random and sorted keys, int32 arange and permutation, CUB's alternate "
-                "key and value buffers; once per step)",
-            ),
-        ]
+                "partition pattern (CoPES)",
+                -(-pattern * bits // 8),
+                f"2 * {pattern // 2:,} * {bits} / 8 (the step's label pattern, c rounded up to "
+                f"whole blocks of K = {subspaces}, written twice, {bits} bits a label)",
+            )
+        )
     return items

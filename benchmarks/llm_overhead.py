@@ -205,6 +205,8 @@ def child_timing(args: argparse.Namespace) -> dict[str, Any]:
 
 def profile(model: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Wall time of each of the space's own operations on the whole model, per strategy."""
+    import torch
+
     result: dict[str, dict[str, float]] = {}
     for name, options in STRATEGIES:
         space = make_space(model, args)
@@ -212,7 +214,10 @@ def profile(model: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]
         seconds: dict[str, float] = {}
         operations = [
             ("backup (once a step)", space._ensure_backup),
-            ("partition (once a step)", partial(space._partition, plus.run_seed, plus.step, 4)),
+            (
+                "partition (once a step)",
+                partial(space._partition, plus.run_seed, plus.step, 4, torch.device("cpu")),
+            ),
             ("write a member (noise + add)", partial(space._write, plus)),
             ("write its twin (noise + add)", partial(space._write, minus)),
             ("reflect to the twin instead", space._reflect),
@@ -252,7 +257,7 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
         out["seconds"] = time.perf_counter() - start
         out["tokens"] = int(inputs["attention_mask"].sum())
     else:
-        from esbox.partition import label_bits
+        from esbox.partition import label_bits, pattern_length
 
         name = args.child.removeprefix("es_")
         options = dict(STRATEGIES)[name]
@@ -274,7 +279,8 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
             / MIB
         )
         k = options.get("subspaces", 1)
-        out["labels"] = space.dimension * label_bits(k) / 8 / MIB if k > 1 else 0.0
+        pattern = 2 * pattern_length(k, max(c.numel for c in space.chunks))
+        out["labels"] = pattern * label_bits(k) / 8 / MIB if k > 1 else 0.0
     out["peak"] = peak_mib()
     return out
 
@@ -388,7 +394,7 @@ def report(timing: dict[str, Any], memory: dict[str, dict[str, Any]], args) -> s
     for (name, _), m in zip(STRATEGIES, es_rows, strict=True):
         notes = (
             f"host backup {m['backup']:.0f} MiB (RSS rose {m['backup_measured']:.0f} MiB on "
-            f"entering the sweep), labels {m['labels']:.0f} MiB, {m['terms']} update terms"
+            f"entering the sweep), label pattern {m['labels']:.2f} MiB, {m['terms']} update terms"
         )
         lines.append(row(f"ES step, {name}", m, notes))
     lines.append(row("backprop step (AdamW)", bp, f"{bp['tokens']} tokens, {bp['seconds']:.1f} s"))

@@ -182,7 +182,7 @@ def evaluate_cmd(
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="CoPES K (adds the packed partition labels, d * bits / 8 bytes, when > 1)",
+    help="CoPES K (adds the packed label pattern, 2 * chunk * bits / 8 bytes, when > 1)",
 )
 @click.option("--lora-rank", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option(

@@ -5,9 +5,8 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
 
 import torch
 
@@ -15,8 +14,6 @@ NOISE_DTYPE = torch.float32
 NOISE_MODES = ("generator", "table")
 DEFAULT_TABLE_SIZE = 1 << 25  # 128 MiB of fp32 noise
 TABLE_TAG = 0x5441_424C  # "TABL": keeps the table's stream apart from chunk streams
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 def derive_seed(*parts: int) -> int:
@@ -125,13 +122,6 @@ class NoiseFiller:
                 allocate(self.capacity, NOISE_DTYPE, device) for _ in range(size)
             ]
         return self._rings[device]
-
-    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-        """``[fn(x) for x in items]``, spread over the filler's threads when it has several
-        (for chunk-local work, such as a step's partition, that releases the GIL)."""
-        if self.threads == 1 or len(items) < 2:
-            return [fn(item) for item in items]
-        return list(self._executor().map(fn, items))
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:

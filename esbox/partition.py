@@ -1,19 +1,81 @@
 """K-way random partitions of the parameters, regenerable chunk-locally from (seed, step).
 
-Within a chunk the labels are a seeded random permutation of the chunk's positions offset by
-the chunk's global start, modulo K. Offsetting by the global start makes the union over all
-chunks a permutation of ``0..d-1`` relabelled mod K, so subspace sizes differ by at most one.
+Each step draws one shared label *pattern* as long as the layout's longest chunk (its ``span``):
+consecutive blocks of K positions, each block a seeded random permutation of the K labels.
+Every chunk reads a window of that pattern, starting at a block boundary drawn from the
+chunk's own seed, with its labels rotated by a seeded amount. A whole block holds every label
+once, so each chunk's subspace sizes differ by at most one (the whole layout's by at most the
+chunk count), and a step's partition costs one pattern of ``span`` labels instead of one label
+per weight: 2 bits x span at K = 4, whatever the model's size.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from dataclasses import dataclass
 
 import torch
 
 from esbox.noise import chunk_generator, derive_seed
 
 PARTITION_TAG = 0x5041_5254  # "PART": keeps partition streams apart from noise streams
+
+
+def label_bits(num_subspaces: int) -> int:
+    """Bits that store one packed label: 1, 2, 4 or 8 (32 beyond 256 subspaces)."""
+    for bits in (1, 2, 4, 8):
+        if num_subspaces <= 1 << bits:
+            return bits
+    return 32
+
+
+def _labels_per_byte(num_subspaces: int) -> int:
+    bits = label_bits(num_subspaces)
+    return 1 if bits == 32 else 8 // bits
+
+
+def window_unit(num_subspaces: int) -> int:
+    """Windows start at multiples of this: a whole label block and a whole packed byte."""
+    return math.lcm(num_subspaces, _labels_per_byte(num_subspaces))
+
+
+def pattern_length(num_subspaces: int, span: int) -> int:
+    """Length of the step's pattern: ``span`` rounded up to whole window units."""
+    unit = window_unit(num_subspaces)
+    return -(-max(span, 1) // unit) * unit
+
+
+def step_pattern(run_seed: int, step: int, num_subspaces: int, span: int) -> torch.Tensor:
+    """The step's label pattern, written twice in a row so that every window is contiguous.
+
+    Drawn on the CPU, so every device (and every replica) reads the same labels.
+    """
+    length = pattern_length(num_subspaces, span)
+    generator = chunk_generator(derive_seed(PARTITION_TAG, run_seed, step, num_subspaces), "cpu")
+    keys = torch.rand(length // num_subspaces, num_subspaces, generator=generator)
+    labels = keys.argsort(dim=1).view(-1).to(torch.uint8 if num_subspaces <= 256 else torch.int32)
+    return torch.cat([labels, labels])
+
+
+@dataclass(frozen=True)
+class Window:
+    """Where a chunk reads the step's pattern, and by how much its labels are rotated."""
+
+    start: int
+    rotation: int
+
+
+def chunk_window(
+    run_seed: int, step: int, num_subspaces: int, tensor_index: int, chunk_index: int, span: int
+) -> Window:
+    """The seeded window of one chunk at one step."""
+    unit = window_unit(num_subspaces)
+    starts = pattern_length(num_subspaces, span) // unit
+    seed = derive_seed(PARTITION_TAG, run_seed, step, num_subspaces, tensor_index, chunk_index)
+    draw = torch.randint(0, starts * num_subspaces, (1,), generator=chunk_generator(seed, "cpu"))
+    start, rotation = divmod(int(draw), num_subspaces)
+    return Window(start * unit, rotation)
 
 
 def chunk_labels(
@@ -23,29 +85,19 @@ def chunk_labels(
     tensor_index: int,
     chunk_index: int,
     numel: int,
-    global_start: int,
-    device: torch.device | str = "cpu",
+    span: int,
 ) -> torch.Tensor:
-    """Subspace label (0..K-1) of every position of one chunk at one step."""
-    seed = derive_seed(PARTITION_TAG, run_seed, step, num_subspaces, tensor_index, chunk_index)
-    dtype = torch.int32 if numel + num_subspaces < 2**31 else torch.int64
-    perm = torch.randperm(
-        numel, generator=chunk_generator(seed, device), device=device, dtype=dtype
-    )
-    # (perm + global_start) % K, in place and without overflow: reduce the offset first
-    return perm.add_(global_start % num_subspaces).remainder_(num_subspaces)
-
-
-def label_bits(num_subspaces: int) -> int:
-    """Bits that store one label in the packed cache: 1, 2, 4 or 8 (32 beyond 256 subspaces)."""
-    for bits in (1, 2, 4, 8):
-        if num_subspaces <= 1 << bits:
-            return bits
-    return 32
+    """Subspace label (0..K-1) of every position of one chunk at one step (int64, CPU)."""
+    if numel > span:
+        raise ValueError(f"a chunk of {numel} elements exceeds the layout's span {span}")
+    pattern = step_pattern(run_seed, step, num_subspaces, span)
+    window = chunk_window(run_seed, step, num_subspaces, tensor_index, chunk_index, span)
+    labels = pattern[window.start : window.start + numel].to(torch.int64)
+    return labels.add_(window.rotation).remainder_(num_subspaces)
 
 
 def pack_labels(labels: torch.Tensor, num_subspaces: int) -> torch.Tensor:
-    """A chunk's labels packed ``8 // bits`` to a byte (K = 4: a quarter of a byte per weight).
+    """Labels packed ``8 // bits`` to a byte (K = 4: a quarter of a byte each).
 
     Label ``j`` of each group of ``8 // bits`` sits in bits ``[bits * j, bits * (j + 1))``.
     """
@@ -79,7 +131,7 @@ def subspace_mask(
     out: torch.Tensor | None = None,
     index: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The fp32 0/1 mask of ``subspace`` over a chunk's packed labels (one table lookup).
+    """The fp32 0/1 mask of ``subspace`` over ``numel`` packed labels (one table lookup).
 
     Optional reused buffers avoid allocations (and their page faults): ``out`` (fp32, at
     least ``numel`` rounded up to a whole byte of labels) and ``index`` (int32, at least as
@@ -87,10 +139,26 @@ def subspace_mask(
     """
     bits = label_bits(num_subspaces)
     if bits == 32:
-        return (packed == subspace).to(torch.float32)
+        return (packed[:numel] == subspace).to(torch.float32)
     table = _mask_table(bits, subspace, packed.device)
-    rows = packed.numel()
+    rows = -(-numel // table.shape[1])
+    packed = packed[:rows]
     if out is not None:
         out = out[: rows * table.shape[1]].view(rows, table.shape[1])
     rows_index = index[:rows].copy_(packed) if index is not None else packed.to(torch.int32)
     return torch.index_select(table, 0, rows_index, out=out).view(-1)[:numel]
+
+
+def window_mask(
+    packed_pattern: torch.Tensor,
+    window: Window,
+    numel: int,
+    num_subspaces: int,
+    subspace: int,
+    out: torch.Tensor | None = None,
+    index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The fp32 0/1 mask of ``subspace`` over a chunk, read from the step's packed pattern."""
+    first = window.start // _labels_per_byte(num_subspaces)
+    unrotated = (subspace - window.rotation) % num_subspaces
+    return subspace_mask(packed_pattern[first:], numel, num_subspaces, unrotated, out, index)

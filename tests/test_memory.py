@@ -13,8 +13,6 @@ from esbox.adapters.memory import (  # noqa: E402
     GRPO,
     LORA,
     LORA_TARGETS,
-    NOISE_THREADS,
-    RANDPERM_BYTES,
     estimate_memory,
     model_shape,
     parse_context,
@@ -22,6 +20,7 @@ from esbox.adapters.memory import (  # noqa: E402
 from esbox.adapters.model_shapes import _count_closed_form  # noqa: E402
 from esbox.adapters.torch_space import MODEL_CHUNK_SIZE  # noqa: E402
 from esbox.noise import DEFAULT_TABLE_SIZE  # noqa: E402
+from esbox.partition import pattern_length  # noqa: E402
 
 COMMON = dict(
     vocab_size=64,
@@ -101,36 +100,40 @@ def test_es_is_below_grpo_and_lora_grpo(context, dtype):
     assert es.device_bytes < lora.device_bytes < grpo.device_bytes
     assert es.device_bytes + es.host_bytes < grpo.device_bytes + grpo.host_bytes
     assert es.host_bytes == 4 * est.model.parameters  # fp32 master (bf16) or fp32 backup
-    assert 4 * es.get("partition labels (CoPES)") == est.model.parameters  # K = 4: 2 bits
+    # K = 4: one 2-bit label pattern as long as a chunk, written twice, whatever the model size
+    chunk = est.settings["chunk"]
+    assert es.get("partition pattern (CoPES)") == 2 * pattern_length(4, chunk) * 2 // 8
 
 
 @pytest.mark.parametrize(("k", "bits"), [(2, 1), (3, 2), (4, 2), (16, 4), (17, 8), (256, 8)])
-def test_partition_labels_are_packed_label_bits_a_weight(k, bits):
-    d = model_shape(tiny_config()).parameters
-    es = estimate_memory(tiny_config(), context=16, subspaces=k).method(ES)
-    assert es.get("partition labels (CoPES)") == -(-d * bits // 8)
+def test_partition_pattern_is_packed_label_bits_a_label(k, bits):
+    es = estimate_memory(tiny_config(), context=16, chunk_size=1000, subspaces=k).method(ES)
+    assert es.get("partition pattern (CoPES)") == -(-2 * pattern_length(k, 1000) * bits // 8)
     formulas = {item.name: item.formula for item in es.items}
-    assert f"d * {bits} / 8" in formulas["partition labels (CoPES)"]
+    assert f"* {bits} / 8" in formulas["partition pattern (CoPES)"]
 
 
-@pytest.mark.parametrize("k", [2, 4, 300])
-def test_label_estimate_matches_the_cache_a_real_space_keeps(k):
+@pytest.mark.parametrize("k", [2, 4, 17, 300])
+def test_pattern_estimate_matches_what_a_real_space_keeps(k):
+    import torch
+
     from esbox.adapters.torch_space import TorchModuleSpace
 
     model = real_model(tiny_config())
-    space = TorchModuleSpace(model, chunk_size=1000, noise_threads=1)
-    cached = sum(t.numel() * t.element_size() for t in space._partition(0, 0, k))
-    estimated = estimate_memory(tiny_config(), context=16, subspaces=k).method(ES)
-    # the space packs chunk by chunk: at most one partly filled byte per chunk more
-    assert 0 <= cached - estimated.get("partition labels (CoPES)") < len(space.chunks)
+    space = TorchModuleSpace(model, chunk_size=1000)
+    pattern, windows = space._partition(0, 0, k, torch.device("cpu"))
+    assert len(windows) == len(space.chunks)
+    estimated = estimate_memory(tiny_config(), context=16, chunk_size=1000, subspaces=k)
+    assert pattern.numel() * pattern.element_size() == estimated.method(ES).get(
+        "partition pattern (CoPES)"
+    )
 
 
-def test_more_than_256_subspaces_cache_int32_labels():
-    d = model_shape(tiny_config()).parameters
-    es = estimate_memory(tiny_config(), context=16, subspaces=300).method(ES)
-    assert es.get("partition labels (CoPES)") == 4 * d
+def test_more_than_256_subspaces_keep_int32_labels():
+    es = estimate_memory(tiny_config(), context=16, chunk_size=1000, subspaces=300).method(ES)
+    assert es.get("partition pattern (CoPES)") == 4 * 2 * pattern_length(300, 1000)
     one = estimate_memory(tiny_config(), context=16, subspaces=1).method(ES)
-    assert one.get("partition labels (CoPES)") == 0  # no partition without CoPES
+    assert one.get("partition pattern (CoPES)") == 0  # no partition without CoPES
 
 
 def test_chunk_buffers_follow_the_space():
@@ -144,10 +147,6 @@ def test_chunk_buffers_follow_the_space():
     assert est[1].get("ES chunk buffers") == 20 * c
     assert est[4].get("ES chunk buffers") == 28 * c
     assert est[300].get("ES chunk buffers") == 32 * c
-    assert est[1].get("partition draw (transient)") == 0
-    assert est[4].get("partition draw (transient)") == NOISE_THREADS * RANDPERM_BYTES * c
-    two = estimate_memory(tiny_config(), context=16, chunk_size=c, subspaces=4, noise_threads=2)
-    assert two.method(ES).get("partition draw (transient)") == 2 * RANDPERM_BYTES * c
     f64 = estimate_memory(tiny_config(), context=16, chunk_size=c, dtype="float64").method(ES)
     assert f64.get("ES chunk buffers") == 28 * c  # noise 4c + fp64 update 24c
 
@@ -240,8 +239,8 @@ def test_bad_options_raise_value_error():
         estimate_memory(tiny_config(), context=16, attention="paged")
     with pytest.raises(ValueError, match="noise"):
         estimate_memory(tiny_config(), context=16, noise="uniform")
-    with pytest.raises(ValueError, match="noise_threads"):
-        estimate_memory(tiny_config(), context=16, noise_threads=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        estimate_memory(tiny_config(), context=16, chunk_size=0)
 
 
 def test_public_names_stay_importable_from_memory():

@@ -9,20 +9,33 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from esbox.noise import NOISE_DTYPE, chunk_noise, derive_seed
-from esbox.partition import chunk_labels
+from esbox.partition import (
+    chunk_labels,
+    chunk_window,
+    label_bits,
+    pattern_length,
+    step_pattern,
+    window_unit,
+)
 from esbox.space import ParameterSpace, VectorSpace, chunk_layout
 from esbox.specs import Perturbation
 
 seeds = st.integers(0, 2**62)
 
 
+def layout_chunk_labels(numels, chunk_size, run_seed, step, k):
+    """Labels of every chunk of a multi-tensor layout, in layout order."""
+    chunks = chunk_layout(numels, chunk_size)
+    span = max(c.numel for c in chunks)
+    return [
+        chunk_labels(run_seed, step, k, c.tensor_index, c.chunk_index, c.numel, span).numpy()
+        for c in chunks
+    ]
+
+
 def layout_labels(numels, chunk_size, run_seed, step, k):
     """Labels of every coordinate of a multi-tensor layout, concatenated in global order."""
-    parts = [
-        chunk_labels(run_seed, step, k, c.tensor_index, c.chunk_index, c.numel, c.global_start)
-        for c in chunk_layout(numels, chunk_size)
-    ]
-    return torch.cat(parts).numpy()
+    return np.concatenate(layout_chunk_labels(numels, chunk_size, run_seed, step, k))
 
 
 # -- seeds ---------------------------------------------------------------------------------------
@@ -145,27 +158,18 @@ partition_cases = st.tuples(
 @given(partition_cases)
 def test_partition_disjoint_covering_and_balanced(case) -> None:
     numels, chunk_size, k, run_seed, step = case
-    labels = layout_labels(numels, chunk_size, run_seed, step, k)
+    per_chunk = layout_chunk_labels(numels, chunk_size, run_seed, step, k)
+    labels = np.concatenate(per_chunk)
     assert labels.shape == (sum(numels),)  # one label per coordinate: disjoint
     assert labels.min() >= 0 and labels.max() < k  # every coordinate in some subspace
+    for chunk in per_chunk:  # whole blocks of K hold every label once
+        sizes = np.bincount(chunk, minlength=k)
+        assert sizes.max() - sizes.min() <= 1, sizes
     sizes = np.bincount(labels, minlength=k)
     assert sizes.sum() == sum(numels)
-    assert sizes.max() - sizes.min() <= 1, sizes
-    masks = [
-        torch.cat(
-            [
-                chunk_labels(
-                    run_seed, step, k, c.tensor_index, c.chunk_index, c.numel, c.global_start
-                )
-                == s
-                for c in chunk_layout(numels, chunk_size)
-            ]
-        ).numpy()
-        for s in range(k)
-    ]
+    assert sizes.max() - sizes.min() <= len(per_chunk), sizes
+    masks = [labels == s for s in range(k)]
     assert np.array_equal(np.sum(masks, axis=0), np.ones(sum(numels)))  # disjoint and covering
-    for s in range(k):
-        assert np.array_equal(masks[s], labels == s)
 
 
 @given(partition_cases)
@@ -204,8 +208,48 @@ def test_partition_with_one_subspace_is_everything() -> None:
 
 def test_partition_stream_is_not_the_noise_stream() -> None:
     """Labels come from their own seeds: they are not a function of the member's noise."""
-    labels = chunk_labels(0, 0, 2, 0, 0, 1000, 0)
+    labels = chunk_labels(0, 0, 2, 0, 0, 1000, 1000)
     for member in range(3):
         eps = chunk_noise(0, 0, member, 0, 0, 1000)
         agreement = np.mean((eps.numpy() > 0) == (labels.numpy() == 1))
         assert 0.4 < agreement < 0.6
+
+
+@given(st.integers(2, 300), st.integers(1, 5000), seeds, st.integers(0, 10**6))
+def test_step_pattern_is_blocks_of_k_written_twice(k, span, run_seed, step) -> None:
+    pattern = step_pattern(run_seed, step, k, span).numpy()
+    length = pattern_length(k, span)
+    assert length >= span and length % window_unit(k) == 0 and length - span < window_unit(k)
+    assert np.array_equal(pattern[:length], pattern[length:])
+    blocks = pattern[:length].reshape(-1, k)
+    assert np.array_equal(np.sort(blocks, axis=1), np.tile(np.arange(k), (len(blocks), 1)))
+
+
+@given(st.integers(2, 9), st.integers(1, 3000), seeds, st.integers(0, 100), st.integers(0, 100))
+def test_chunk_window_starts_on_a_unit_and_rotates_within_k(k, span, seed, tensor, chunk) -> None:
+    window = chunk_window(seed, 0, k, tensor, chunk, span)
+    assert window.start % window_unit(k) == 0
+    assert 0 <= window.start < pattern_length(k, span)
+    assert 0 <= window.rotation < k
+
+
+def test_chunks_read_different_windows_of_the_pattern() -> None:
+    """Equal chunks of one step get unrelated labels: their own seeded start and rotation."""
+    k, numel, chunks = 4, 1000, 40
+    windows = {
+        (chunk_window(7, 3, k, 0, c, numel).start, chunk_window(7, 3, k, 0, c, numel).rotation)
+        for c in range(chunks)
+    }
+    assert len(windows) > chunks - 3
+    labels = layout_chunk_labels([numel] * 2, numel, 7, 3, k)
+    assert 0.15 < np.mean(labels[0] == labels[1]) < 0.35
+
+
+def test_a_steps_partition_costs_one_pattern_whatever_the_model_size() -> None:
+    """The space caches one packed pattern per device: 2 * span * bits / 8 bytes."""
+    k, span = 4, 1000
+    for tensors in (4, 64):
+        space = ParameterSpace([torch.zeros(span) for _ in range(tensors)], chunk_size=span)
+        pattern, windows = space._partition(0, 0, k, torch.device("cpu"))
+        assert len(windows) == tensors
+        assert pattern.numel() * pattern.element_size() == 2 * span * label_bits(k) // 8

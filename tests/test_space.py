@@ -33,6 +33,11 @@ def reference_layout(numels: list[int], chunk_size: int) -> list[tuple[int, int,
     return out
 
 
+def reference_span(numels: list[int], chunk_size: int) -> int:
+    """The layout's longest chunk: the length of a step's partition pattern."""
+    return max(stop - start for _, _, start, stop in reference_layout(numels, chunk_size))
+
+
 def noise_row(
     numels: list[int],
     chunk_size: int,
@@ -43,17 +48,13 @@ def noise_row(
     num_subspaces: int = 1,
 ) -> np.ndarray:
     """One member's masked noise over the whole layout as a float64 vector."""
-    row, offset = [], 0
+    row, span = [], reference_span(numels, chunk_size)
     for t, c, start, stop in reference_layout(numels, chunk_size):
         eps = chunk_noise(run_seed, step, seed, t, c, stop - start).double().numpy()
         if num_subspaces > 1:
-            labels = chunk_labels(
-                run_seed, step, num_subspaces, t, c, stop - start, offset + start
-            ).numpy()
+            labels = chunk_labels(run_seed, step, num_subspaces, t, c, stop - start, span).numpy()
             eps = eps * (labels == subspace)
         row.append(eps)
-        if stop == numels[t]:
-            offset += numels[t]
     return np.concatenate(row)
 
 
@@ -202,7 +203,7 @@ def test_subspace_perturbation_leaves_other_coordinates_untouched(k: int) -> Non
     space = VectorSpace(x0, chunk_size=chunk_size)
     labels = np.concatenate(
         [
-            chunk_labels(2, 6, k, t, c, b - a, a).numpy()
+            chunk_labels(2, 6, k, t, c, b - a, reference_span([d], chunk_size)).numpy()
             for t, c, a, b in reference_layout([d], chunk_size)
         ]
     )
@@ -304,7 +305,7 @@ def test_update_touches_each_coordinate_only_through_its_subspace() -> None:
     total = np.zeros(d)
     labels = np.concatenate(
         [
-            chunk_labels(1, 0, k, t, c, b - a, a).numpy()
+            chunk_labels(1, 0, k, t, c, b - a, reference_span([d], chunk_size)).numpy()
             for t, c, a, b in reference_layout([d], chunk_size)
         ]
     )

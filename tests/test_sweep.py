@@ -12,7 +12,15 @@ import esbox
 import esbox.noise
 from esbox.adapters.testing import tiny_causal_lm
 from esbox.adapters.torch_space import TorchModuleSpace
-from esbox.partition import chunk_labels, label_bits, pack_labels, subspace_mask
+from esbox.partition import (
+    chunk_labels,
+    chunk_window,
+    label_bits,
+    pack_labels,
+    step_pattern,
+    subspace_mask,
+    window_mask,
+)
 from esbox.space import VectorSpace
 from esbox.specs import Perturbation
 
@@ -136,14 +144,9 @@ def test_reflection_on_a_model_restores_exactly(dtype) -> None:
 
 
 # -- the packed partition ----------------------------------------------------------------------
-@given(
-    k=st.integers(1, 300),
-    numel=st.integers(1, 300),
-    start=st.integers(0, 10**6),
-    seed=st.integers(0, 2**40),
-)
-def test_packed_labels_give_back_every_subspace_mask(k, numel, start, seed) -> None:
-    labels = chunk_labels(seed, 3, k, 0, 0, numel, start)
+@given(k=st.integers(1, 300), numel=st.integers(1, 300), seed=st.integers(0, 2**40))
+def test_packed_labels_give_back_every_subspace_mask(k, numel, seed) -> None:
+    labels = torch.randint(0, k, (numel,), generator=torch.Generator().manual_seed(seed))
     packed = pack_labels(labels, k)
     bits = label_bits(k)
     assert packed.numel() == (-(-numel * bits // 8) if bits <= 8 else numel)
@@ -152,16 +155,23 @@ def test_packed_labels_give_back_every_subspace_mask(k, numel, start, seed) -> N
         assert torch.equal(mask, (labels == subspace).to(torch.float32))
 
 
-def test_the_partition_cache_costs_a_quarter_byte_a_weight_at_four_subspaces() -> None:
-    space = VectorSpace(np.zeros(10_000), dtype="float32", chunk_size=1024)
-    p = members(space, "copes", subspaces=4)[0]
-    with space.perturbed(p):
-        pass
-    cache = space._labels_cache
-    assert len(cache) == len(space.chunks)
-    assert sum(t.numel() * t.element_size() for t in cache) == sum(
-        -(-c.numel // 4) for c in space.chunks
-    )
+@given(
+    k=st.integers(1, 300),
+    numel=st.integers(1, 300),
+    extra=st.integers(0, 300),
+    chunk=st.integers(0, 50),
+    seed=st.integers(0, 2**40),
+)
+def test_a_window_of_the_packed_pattern_gives_back_the_chunk_masks(
+    k, numel, extra, chunk, seed
+) -> None:
+    span = numel + extra
+    labels = chunk_labels(seed, 3, k, 1, chunk, numel, span)
+    packed = pack_labels(step_pattern(seed, 3, k, span), k)
+    window = chunk_window(seed, 3, k, 1, chunk, span)
+    for subspace in {0, k // 2, k - 1}:
+        mask = window_mask(packed, window, numel, k, subspace)
+        assert torch.equal(mask, (labels == subspace).to(torch.float32))
 
 
 @pytest.mark.parametrize("noise", ["generator", "table"])

@@ -114,8 +114,9 @@ def test_copes_partition_over_model_parameters_is_disjoint_and_covering():
     stacked = torch.stack(masks).int()
     assert int(stacked.sum(0).max()) == 1, "subspaces overlap"
     assert int(stacked.sum()) == space.dimension, "subspaces do not cover the chosen subset"
-    sizes = stacked.sum(1)
-    assert int(sizes.max() - sizes.min()) <= 1
+    for chunk in torch.split(stacked, [c.numel for c in space.chunks], dim=1):
+        sizes = chunk.sum(1)  # balanced within every chunk
+        assert int(sizes.max() - sizes.min()) <= 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
