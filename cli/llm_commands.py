@@ -159,9 +159,65 @@ def evaluate_cmd(
         )
 
 
+# flags that a config replaces, with the config key to --set instead
+_CONFIG_KEYS = {
+    "batch": "problem.batch_size",
+    "dtype": "problem.dtype",
+    "subspaces": "options.subspaces",
+}
+
+
+def memory_settings_from_config(
+    path: Path, overrides: tuple[str, ...]
+) -> tuple[str, dict[str, Any], list[str]]:
+    """The model, ``estimate_memory`` settings and caveats that a ``kind: llm`` run config
+    implies: the rollout batch, weight dtype, CoPES K, chunk, noise and optimizer it trains
+    with."""
+    from esbox.adapters.llm import resolve_model_path
+    from esbox.cli.errors import user_errors
+    from esbox.cli.run import resolve_config
+    from esbox.runconfig import apply_overrides, load_yaml, resolve_options
+
+    with user_errors():
+        raw = apply_overrides(load_yaml(path), overrides)
+    config = resolve_config(raw)
+    problem = config.problem
+    if problem["kind"] != "llm":
+        raise CLIError(f"{path}: esbox memory needs problem.kind: llm, not {problem['kind']!r}")
+    with user_errors():
+        options = resolve_options(config.strategy, config.options)
+    settings = {
+        "batch": problem["batch_size"],
+        "dtype": problem["dtype"],
+        "subspaces": options.get("subspaces", 1),
+        "chunk_size": problem["chunk_size"],
+        "noise": problem["noise"],
+        "table_size": problem["table_size"],
+        "es_optimizer": options["optimizer"],
+        "backup_device": "cpu" if problem["backup_device"] == "cpu" else "device",
+    }
+    notes = []
+    if problem["include"] or problem["exclude"]:
+        notes.append("ES counts every parameter as trained: include/exclude are not applied")
+    return resolve_model_path(problem["model"]), settings, notes
+
+
 @click.command("memory")
+@click.option("--model", help="local HF model directory or config.json (no weights are loaded)")
 @click.option(
-    "--model", required=True, help="local HF model directory or config.json (no weights are loaded)"
+    "--config",
+    "-c",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="a kind: llm run config instead of --model: its model, batch_size, dtype, CoPES "
+    "subspaces, chunk, noise and optimizer",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a key of --config by its dotted path (VALUE is YAML); repeatable",
 )
 @click.option(
     "--context",
@@ -196,7 +252,9 @@ def evaluate_cmd(
 @click.option("--formulas", is_flag=True, help="show the formula of every line")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 def memory_cmd(
-    model: str,
+    model: str | None,
+    config_path: Path | None,
+    overrides: tuple[str, ...],
     context: str,
     batch: int,
     dtype: str,
@@ -213,23 +271,42 @@ def memory_cmd(
     Examples:
       esbox memory --model ~/.cache/esbox/models/smollm2-135m-instruct --context 128k
       esbox memory --model path/to/Qwen2.5-7B --context 32k --batch 8 --subspaces 4
-    The formulas and assumptions are in docs/memory.md.
+      esbox memory --config examples/llm-arith.yaml --context 128k
+    With --config the ES column uses the run's own settings ('smollm2' is converted once
+    if it is not yet); --batch, --dtype and --subspaces then come from the config (change
+    them with --set). The formulas and assumptions are in docs/memory.md.
     """
     from esbox.adapters.memory import estimate_memory
 
+    if (model is None) == (config_path is None):
+        raise CLIError("give exactly one of --model and --config")
+    flags = {"batch": batch, "dtype": dtype, "subspaces": subspaces}
+    settings: dict[str, Any] = dict(flags)
+    notes: list[str] = []
+    if config_path is not None:
+        source = click.get_current_context().get_parameter_source
+        given = [n for n in _CONFIG_KEYS if source(n) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise CLIError(
+                f"with --config the {given[0]} comes from the config: use --set "
+                f"{_CONFIG_KEYS[given[0]]}=... instead of --{given[0]}"
+            )
+        model, settings, notes = memory_settings_from_config(config_path, overrides)
+    elif overrides:
+        raise CLIError("--set needs --config")
     try:
         estimate = estimate_memory(
             model,
             context=context,
-            batch=batch,
-            dtype=dtype,
-            subspaces=subspaces,
             lora_rank=lora_rank,
             attention=attention,
             recompute=recompute,
+            **settings,
         )
     except (ValueError, OSError) as exc:
         raise CLIError(str(exc)) from None
     click.echo(
         json.dumps(estimate.to_dict(), indent=2) if as_json else estimate.table(formulas=formulas)
     )
+    for note in notes:
+        click.echo(f"note: {note}", err=True)

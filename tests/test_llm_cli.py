@@ -112,6 +112,43 @@ def test_memory_prints_es_grpo_and_lora_columns(tiny_lm):
     assert bad.exit_code == 2 and "lots" in bad.output
 
 
+EXAMPLE = Path(__file__).parent.parent / "examples" / "llm-arith.yaml"
+
+
+def test_memory_from_a_run_config_uses_its_es_settings(tiny_lm):
+    from esbox.partition import pattern_length
+
+    args = ["memory", "-c", str(EXAMPLE), "--set", f"problem.model={tiny_lm}", "--json"]
+    args += ["--set", "problem.chunk_size=1000", "--set", "problem.dtype=bfloat16"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    estimate = json.loads(result.output)
+    assert (estimate["batch"], estimate["dtype"]) == (16, "bfloat16")  # batch_size, --set
+    assert (estimate["subspaces"], estimate["noise"], estimate["chunk"]) == (4, "table", 1000)
+    es = estimate["methods"]["es"]["items"]
+    assert es["noise table"] == 4 * 8388608  # the config's table_size
+    assert es["partition pattern (CoPES)"] == 2 * pattern_length(4, 1000) * 2 // 8
+    assert "Adam moments" not in es
+    adam = invoke(*args, "--set", "options.optimizer=adam")
+    assert "Adam moments" in json.loads(adam.output)["methods"]["es"]["items"]
+
+
+def test_memory_config_errors_name_what_to_do(tiny_lm, tmp_path):
+    model = f"problem.model={tiny_lm}"
+    both = invoke("memory", "-c", str(EXAMPLE), "--model", str(tiny_lm))
+    assert both.exit_code == 2 and "exactly one of --model and --config" in both.output
+    flag = invoke("memory", "-c", str(EXAMPLE), "--set", model, "--dtype", "float16")
+    assert flag.exit_code == 2 and "--set problem.dtype=" in flag.output
+    loose = invoke("memory", "--model", str(tiny_lm), "--set", "problem.dtype=float16")
+    assert loose.exit_code == 2 and "--set needs --config" in loose.output
+    function = tmp_path / "f.yaml"
+    function.write_text("problem: {kind: function, name: sphere, dimension: 3}\n")
+    wrong = invoke("memory", "-c", str(function))
+    assert wrong.exit_code == 2 and "problem.kind: llm" in wrong.output
+    typo = invoke("memory", "-c", str(EXAMPLE), "--set", model, "--set", "problem.nois=table")
+    assert typo.exit_code == 2 and "nois" in typo.output
+
+
 def test_noise_table_size_reaches_the_space_and_must_hold_a_chunk(tiny_lm, tmp_path):
     from esbox.adapters.llm import LLMProblemOptions, build_llm
 
