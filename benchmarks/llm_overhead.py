@@ -216,7 +216,7 @@ def profile(model: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]
             ("backup (once a step)", space._ensure_backup),
             (
                 "partition (once a step)",
-                partial(space._partition, plus.run_seed, plus.step, 4, torch.device("cpu")),
+                partial(space._partition.draw, plus.run_seed, plus.step, 4, torch.device("cpu")),
             ),
             ("write a member (noise + add)", partial(space._write, plus)),
             ("write its twin (noise + add)", partial(space._write, minus)),

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from esbox.noise import chunk_generator, derive_seed
+from esbox.noise import allocate, chunk_generator, derive_seed
 
 PARTITION_TAG = 0x5041_5254  # "PART": keeps partition streams apart from noise streams
 
@@ -162,3 +164,65 @@ def window_mask(
     first = window.start // _labels_per_byte(num_subspaces)
     unrotated = (subspace - window.rotation) % num_subspaces
     return subspace_mask(packed_pattern[first:], numel, num_subspaces, unrotated, out, index)
+
+
+class ChunkId(Protocol):
+    """What a partition needs to know of a chunk (``esbox.space.Chunk`` has it)."""
+
+    tensor_index: int
+    chunk_index: int
+    numel: int
+
+
+class LayoutPartition:
+    """A chunk layout's partition at one step, drawn once and shared by the step's members and
+    its update: the packed pattern (one copy per device), every chunk's window, and reused
+    mask buffers. It costs ``2 * span * bits / 8`` bytes, whatever the number of weights."""
+
+    def __init__(self, chunks: Sequence[ChunkId], span: int) -> None:
+        self.chunks = chunks
+        self.span = span
+        self._key: tuple[int, int, int] | None = None
+        self._patterns: dict[torch.device, torch.Tensor] = {}
+        self._windows: list[Window] = []
+        self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def draw(
+        self, run_seed: int, step: int, num_subspaces: int, device: torch.device
+    ) -> tuple[torch.Tensor, list[Window]]:
+        """The step's packed pattern on ``device`` and every chunk's window into it."""
+        key = (run_seed, step, num_subspaces)
+        if self._key != key:
+            pattern = step_pattern(run_seed, step, num_subspaces, self.span)
+            self._patterns = {torch.device("cpu"): pack_labels(pattern, num_subspaces)}
+            self._windows = [
+                chunk_window(
+                    run_seed, step, num_subspaces, c.tensor_index, c.chunk_index, self.span
+                )
+                for c in self.chunks
+            ]
+            self._key = key
+        if device not in self._patterns:
+            self._patterns[device] = self._patterns[torch.device("cpu")].to(device)
+        return self._patterns[device], self._windows
+
+    def mask(
+        self,
+        position: int,
+        device: torch.device,
+        run_seed: int,
+        step: int,
+        num_subspaces: int,
+        subspace: int,
+    ) -> torch.Tensor:
+        """fp32 0/1 mask of ``subspace`` over chunk ``position`` on ``device`` (a reused
+        buffer, valid until the next call)."""
+        pattern, windows = self.draw(run_seed, step, num_subspaces, device)
+        if device not in self._buffers:
+            self._buffers[device] = (
+                allocate(self.span + 8, torch.float32, device),
+                allocate(self.span, torch.int32, device),
+            )
+        out, index = self._buffers[device]
+        numel = self.chunks[position].numel
+        return window_mask(pattern, windows[position], numel, num_subspaces, subspace, out, index)

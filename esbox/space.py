@@ -25,7 +25,7 @@ from esbox.noise import (
     derive_seed,
 )
 from esbox.optimizers import ChunkOptimizer, validate_optimizer
-from esbox.partition import Window, chunk_window, pack_labels, step_pattern, window_mask
+from esbox.partition import LayoutPartition
 from esbox.specs import Perturbation, Term, Update
 
 DEFAULT_CHUNK_SIZE = 1 << 22
@@ -111,11 +111,8 @@ class ParameterSpace:
             raise ValueError(f"chunk_size {largest} exceeds the noise table ({table_size})")
         self._filler = NoiseFiller(largest, threads, table)
         self._perturbed = False
-        self._partition_key: tuple[int, int, int] | None = None
-        self._patterns: dict[torch.device, torch.Tensor] = {}
-        self._windows: list[Window] = []
+        self._partition = LayoutPartition(self.chunks, largest)
         self._largest = largest
-        self._mask_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._update_buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self.reflect_antithetic = reflect_antithetic
 
@@ -163,50 +160,14 @@ class ParameterSpace:
             ]
         )
 
-    def _partition(
-        self, run_seed: int, step: int, num_subspaces: int, device: torch.device
-    ) -> tuple[torch.Tensor, list[Window]]:
-        """The step's packed label pattern on ``device`` and every chunk's window into it.
-
-        Every member of a step and its update share one partition, so it is drawn once per
-        step; it costs ``2 * span * bits / 8`` bytes, whatever the number of weights.
-        """
-        key = (run_seed, step, num_subspaces)
-        if self._partition_key != key:
-            span = self._largest
-            pattern = pack_labels(step_pattern(run_seed, step, num_subspaces, span), num_subspaces)
-            self._patterns = {torch.device("cpu"): pattern}
-            self._windows = [
-                chunk_window(run_seed, step, num_subspaces, c.tensor_index, c.chunk_index, span)
-                for c in self.chunks
-            ]
-            self._partition_key = key
-        if device not in self._patterns:
-            self._patterns[device] = self._patterns[torch.device("cpu")].to(device)
-        return self._patterns[device], self._windows
-
     def _mask(
         self, chunk_position: int, run_seed: int, step: int, spec: Term | Perturbation
     ) -> torch.Tensor:
         """fp32 0/1 mask of ``spec``'s subspace over chunk ``chunk_position`` (a reused buffer,
         valid until the next call)."""
-        chunk = self.chunks[chunk_position]
-        device = self._flat[chunk.tensor_index].device
-        pattern, windows = self._partition(run_seed, step, spec.num_subspaces, device)
-        if device not in self._mask_buffers:
-            self._mask_buffers[device] = (
-                allocate(self._largest + 8, torch.float32, device),
-                allocate(self._largest, torch.int32, device),
-            )
-        out, index = self._mask_buffers[device]
-        return window_mask(
-            pattern,
-            windows[chunk_position],
-            chunk.numel,
-            spec.num_subspaces,
-            spec.subspace,
-            out=out,
-            index=index,
+        device = self._flat[self.chunks[chunk_position].tensor_index].device
+        return self._partition.mask(
+            chunk_position, device, run_seed, step, spec.num_subspaces, spec.subspace
         )
 
     def _directions(

@@ -121,7 +121,7 @@ def test_pattern_estimate_matches_what_a_real_space_keeps(k):
 
     model = real_model(tiny_config())
     space = TorchModuleSpace(model, chunk_size=1000)
-    pattern, windows = space._partition(0, 0, k, torch.device("cpu"))
+    pattern, windows = space._partition.draw(0, 0, k, torch.device("cpu"))
     assert len(windows) == len(space.chunks)
     estimated = estimate_memory(tiny_config(), context=16, chunk_size=1000, subspaces=k)
     assert pattern.numel() * pattern.element_size() == estimated.method(ES).get(

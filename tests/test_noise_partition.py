@@ -250,6 +250,6 @@ def test_a_steps_partition_costs_one_pattern_whatever_the_model_size() -> None:
     k, span = 4, 1000
     for tensors in (4, 64):
         space = ParameterSpace([torch.zeros(span) for _ in range(tensors)], chunk_size=span)
-        pattern, windows = space._partition(0, 0, k, torch.device("cpu"))
+        pattern, windows = space._partition.draw(0, 0, k, torch.device("cpu"))
         assert len(windows) == tensors
         assert pattern.numel() * pattern.element_size() == 2 * span * label_bits(k) // 8
