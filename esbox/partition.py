@@ -51,12 +51,17 @@ def pattern_length(num_subspaces: int, span: int) -> int:
 def step_pattern(run_seed: int, step: int, num_subspaces: int, span: int) -> torch.Tensor:
     """The step's label pattern, written twice in a row so that every window is contiguous.
 
-    Drawn on the CPU, so every device (and every replica) reads the same labels.
+    Drawn on the CPU, so every device (and every replica) reads the same labels; a stable
+    sort breaks the rare tied keys by position, the same way on every platform.
     """
     length = pattern_length(num_subspaces, span)
     generator = chunk_generator(derive_seed(PARTITION_TAG, run_seed, step, num_subspaces), "cpu")
     keys = torch.rand(length // num_subspaces, num_subspaces, generator=generator)
-    labels = keys.argsort(dim=1).view(-1).to(torch.uint8 if num_subspaces <= 256 else torch.int32)
+    labels = (
+        keys.argsort(dim=1, stable=True)
+        .view(-1)
+        .to(torch.uint8 if num_subspaces <= 256 else torch.int32)
+    )
     return torch.cat([labels, labels])
 
 
