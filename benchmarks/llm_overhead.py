@@ -88,7 +88,10 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
     from esbox.adapters.tasks import ArithmeticTask
 
     runtime = settle_and_reset()[0]  # interpreter + torch + transformers, no model yet
-    model, tokenizer = load_model(Path(args.model).expanduser(), dtype="float32")
+    # backprop keeps fp32 weights in every case: with --dtype bfloat16 it is the standard
+    # mixed-precision recipe (fp32 weights, grads and AdamW state, a bf16 autocast forward)
+    dtype = "float32" if args.child == "backprop" else args.dtype
+    model, tokenizer = load_model(Path(args.model).expanduser(), dtype=dtype)
     # transformers maps safetensors files zero-copy; give every run the same starting point:
     # the weights resident in ordinary (anonymous) memory, as after loading onto a device.
     with torch.no_grad():
@@ -250,7 +253,8 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
         model.requires_grad_(True)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
         start = time.perf_counter()
-        loss = model(**inputs).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
+            loss = model(**inputs).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -327,6 +331,8 @@ def run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.chunk_size),
         "--table-size",
         str(args.table_size),
+        "--dtype",
+        args.dtype,
     ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -350,8 +356,8 @@ def report(timing: dict[str, Any], memory: dict[str, dict[str, Any]], args) -> s
         f"prompts x max {args.new_tokens} new tokens, greedy, no stop string; "
         f"{first[0]['forwards']} forward passes each; tokens before EOS: "
         f"{min(r['new_tokens'] for r in first):.0f}-{max(r['new_tokens'] for r in first):.0f} "
-        f"a rollout. d = {timing['dimension']:,} fp32 weights, {args.threads} threads, load "
-        f"average at the end {timing['loadavg'][0]:.1f}.",
+        f"a rollout. d = {timing['dimension']:,} {args.dtype} weights, {args.threads} threads, "
+        f"load average at the end {timing['loadavg'][0]:.1f}.",
         "",
         "| variant | rollout a member (mean) | sweep overhead a member | fraction of the rollout "
         "| target <= 5% | apply the update (terms) |",
@@ -397,7 +403,9 @@ def report(timing: dict[str, Any], memory: dict[str, dict[str, Any]], args) -> s
             f"entering the sweep), label pattern {m['labels']:.2f} MiB, {m['terms']} update terms"
         )
         lines.append(row(f"ES step, {name}", m, notes))
-    lines.append(row("backprop step (AdamW)", bp, f"{bp['tokens']} tokens, {bp['seconds']:.1f} s"))
+    recipe = ", fp32 weights and AdamW, bf16 autocast" if args.dtype == "bfloat16" else ""
+    backprop_notes = f"{bp['tokens']} tokens, {bp['seconds']:.1f} s{recipe}"
+    lines.append(row("backprop step (AdamW)", bp, backprop_notes))
     lines += ["", "| ratio | openai_es | copes K=4 | target | met |", "|---|---:|---:|---|---|"]
     ratios = [
         ("ES peak / inference peak", lambda m: m["peak"] / inf["peak"], 1.1),
@@ -441,6 +449,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
     parser.add_argument(
         "--table-size", type=int, default=DEFAULT_TABLE_SIZE, help="normals in the noise table"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="weights of inference and ES (bfloat16: ES keeps an fp32 master on the host); "
+        "backprop then runs the mixed-precision recipe (fp32 weights and AdamW, bf16 autocast)",
     )
     parser.add_argument("--json", help="also write the raw measurements here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
