@@ -253,3 +253,14 @@ def test_a_steps_partition_costs_one_pattern_whatever_the_model_size() -> None:
         pattern, windows = space._partition.draw(0, 0, k, torch.device("cpu"))
         assert len(windows) == tensors
         assert pattern.numel() * pattern.element_size() == 2 * span * label_bits(k) // 8
+
+
+def test_every_position_is_in_each_subspace_with_probability_one_over_k() -> None:
+    """Over steps, a position's label is uniform: the marginal that the estimator relies on."""
+    k, numels, chunk_size, steps = 4, [50, 30], 40, 800
+    counts = np.zeros((sum(numels), k))
+    for step in range(steps):
+        labels = layout_labels(numels, chunk_size, 3, step, k)
+        counts[np.arange(len(labels)), labels] += 1
+    frequencies = counts / steps
+    assert np.all(np.abs(frequencies - 1 / k) < 0.08), frequencies.min()
