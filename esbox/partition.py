@@ -156,21 +156,6 @@ def subspace_mask(
     return torch.index_select(table, 0, rows_index, out=out).view(-1)[:numel]
 
 
-def window_mask(
-    packed_pattern: torch.Tensor,
-    window: Window,
-    numel: int,
-    num_subspaces: int,
-    subspace: int,
-    out: torch.Tensor | None = None,
-    index: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The fp32 0/1 mask of ``subspace`` over a chunk, read from the step's packed pattern."""
-    first = window.start // _labels_per_byte(num_subspaces)
-    unrotated = (subspace - window.rotation) % num_subspaces
-    return subspace_mask(packed_pattern[first:], numel, num_subspaces, unrotated, out, index)
-
-
 class ChunkId(Protocol):
     """What a partition needs to know of a chunk (``esbox.space.Chunk`` has it)."""
 
@@ -229,5 +214,8 @@ class LayoutPartition:
                 allocate(self.span, torch.int32, device),
             )
         out, index = self._buffers[device]
+        window = windows[position]
+        first_byte = window.start // _labels_per_byte(num_subspaces)
+        unrotated = (subspace - window.rotation) % num_subspaces  # the label the pattern holds
         numel = self.chunks[position].numel
-        return window_mask(pattern, windows[position], numel, num_subspaces, subspace, out, index)
+        return subspace_mask(pattern[first_byte:], numel, num_subspaces, unrotated, out, index)

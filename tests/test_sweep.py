@@ -13,15 +13,13 @@ import esbox.noise
 from esbox.adapters.testing import tiny_causal_lm
 from esbox.adapters.torch_space import TorchModuleSpace
 from esbox.partition import (
+    LayoutPartition,
     chunk_labels,
-    chunk_window,
     label_bits,
     pack_labels,
-    step_pattern,
     subspace_mask,
-    window_mask,
 )
-from esbox.space import VectorSpace
+from esbox.space import VectorSpace, chunk_layout
 from esbox.specs import Perturbation
 
 
@@ -157,21 +155,19 @@ def test_packed_labels_give_back_every_subspace_mask(k, numel, seed) -> None:
 
 @given(
     k=st.integers(1, 300),
-    numel=st.integers(1, 300),
-    extra=st.integers(0, 300),
-    chunk=st.integers(0, 50),
+    numels=st.lists(st.integers(1, 300), min_size=1, max_size=4),
+    chunk_size=st.integers(1, 200),
     seed=st.integers(0, 2**40),
 )
-def test_a_window_of_the_packed_pattern_gives_back_the_chunk_masks(
-    k, numel, extra, chunk, seed
-) -> None:
-    span = numel + extra
-    labels = chunk_labels(seed, 3, k, 1, chunk, numel, span)
-    packed = pack_labels(step_pattern(seed, 3, k, span), k)
-    window = chunk_window(seed, 3, k, 1, chunk, span)
-    for subspace in {0, k // 2, k - 1}:
-        mask = window_mask(packed, window, numel, k, subspace)
-        assert torch.equal(mask, (labels == subspace).to(torch.float32))
+def test_layout_partition_masks_are_the_chunk_labels(k, numels, chunk_size, seed) -> None:
+    chunks = chunk_layout(numels, chunk_size)
+    span = max(c.numel for c in chunks)
+    partition = LayoutPartition(chunks, span)
+    for position, c in enumerate(chunks):
+        labels = chunk_labels(seed, 3, k, c.tensor_index, c.chunk_index, c.numel, span)
+        for subspace in {0, k // 2, k - 1}:
+            mask = partition.mask(position, torch.device("cpu"), seed, 3, k, subspace)
+            assert torch.equal(mask, (labels == subspace).to(torch.float32))
 
 
 @pytest.mark.parametrize("noise", ["generator", "table"])
