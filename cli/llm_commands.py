@@ -280,9 +280,10 @@ def memory_cmd(
 
     if (model is None) == (config_path is None):
         raise CLIError("give exactly one of --model and --config")
-    flags = {"batch": batch, "dtype": dtype, "subspaces": subspaces}
-    settings: dict[str, Any] = dict(flags)
+    settings: dict[str, Any] = {"batch": batch, "dtype": dtype, "subspaces": subspaces}
     notes: list[str] = []
+    if config_path is None and overrides:
+        raise CLIError("--set needs --config")
     if config_path is not None:
         source = click.get_current_context().get_parameter_source
         given = [n for n in _CONFIG_KEYS if source(n) == click.core.ParameterSource.COMMANDLINE]
@@ -291,10 +292,9 @@ def memory_cmd(
                 f"with --config the {given[0]} comes from the config: use --set "
                 f"{_CONFIG_KEYS[given[0]]}=... instead of --{given[0]}"
             )
-        model, settings, notes = memory_settings_from_config(config_path, overrides)
-    elif overrides:
-        raise CLIError("--set needs --config")
     try:
+        if config_path is not None:
+            model, settings, notes = memory_settings_from_config(config_path, overrides)
         estimate = estimate_memory(
             model,
             context=context,
@@ -303,7 +303,7 @@ def memory_cmd(
             recompute=recompute,
             **settings,
         )
-    except (ValueError, OSError) as exc:
+    except (ValueError, ImportError, OSError) as exc:  # no transformers, no model, bad value
         raise CLIError(str(exc)) from None
     click.echo(
         json.dumps(estimate.to_dict(), indent=2) if as_json else estimate.table(formulas=formulas)

@@ -149,6 +149,21 @@ def test_memory_config_errors_name_what_to_do(tiny_lm, tmp_path):
     assert typo.exit_code == 2 and "nois" in typo.output
 
 
+def test_memory_without_transformers_is_a_clear_error(tiny_lm, monkeypatch):
+    from esbox.adapters import model_shapes
+
+    def missing():
+        raise ImportError("esbox's LLM adapters need transformers; install the LLM extra")
+
+    monkeypatch.setattr(model_shapes, "require_transformers", missing)
+    for args in (
+        ["--model", str(tiny_lm)],
+        ["-c", str(EXAMPLE), "--set", f"problem.model={tiny_lm}"],
+    ):
+        result = invoke("memory", *args)
+        assert result.exit_code == 2 and "install the LLM extra" in result.output
+
+
 def test_noise_table_size_reaches_the_space_and_must_hold_a_chunk(tiny_lm, tmp_path):
     from esbox.adapters.llm import LLMProblemOptions, build_llm
 
