@@ -10,7 +10,7 @@ import click
 import yaml
 from tqdm.auto import tqdm
 
-from esbox.cli.errors import CLIError
+from esbox.cli.errors import CLIError, user_errors
 
 
 def parse_task(text: str) -> dict[str, Any]:
@@ -174,7 +174,6 @@ def memory_settings_from_config(
     implies: the rollout batch, weight dtype, CoPES K, chunk, noise and optimizer it trains
     with."""
     from esbox.adapters.llm import resolve_model_path
-    from esbox.cli.errors import user_errors
     from esbox.cli.run import resolve_config
     from esbox.runconfig import apply_overrides, load_yaml, resolve_options
 
