@@ -132,6 +132,26 @@ def test_no_autograd_during_generation(model, tokenizer):
     assert all(not grad and inference for grad, inference in seen)
 
 
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_output_head_sees_contiguous_input(model, tokenizer, share_prefix):
+    """The prefill's last position reaches the head as a copy, not a strided view (a strided
+    bf16 input makes CPU matmul materialise the head weight once per row)."""
+    head = model.get_output_embeddings()
+    hooks_before = len(head._forward_pre_hooks)
+    seen = []
+    handle = head.register_forward_hook(
+        lambda _m, args, _out: seen.append((args[0].shape[0], args[0].is_contiguous()))
+    )
+    try:
+        backend = HFBackend(model, tokenizer, share_prefix=share_prefix, min_shared_prefix=1)
+        backend.generate(PROMPTS, prefills=PREFILLS, max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert any(rows == len(PROMPTS) for rows, _ in seen)
+    assert all(contiguous for _, contiguous in seen)
+    assert len(head._forward_pre_hooks) == hooks_before, "the backend leaves no hook behind"
+
+
 def test_in_place_weight_edits_are_seen(tokenizer):
     model = tiny_model("llama", len(tokenizer), seed=1)
     backend = HFBackend(model, tokenizer)
