@@ -241,7 +241,7 @@ class ParameterSpace:
             flat = self._flat[chunk.tensor_index]
             ref = self._reference(chunk.tensor_index)[chunk.start : chunk.stop]
             target = flat[chunk.start : chunk.stop]
-            if flat.dtype == torch.float32 and ref.device == flat.device:
+            if ref.device == flat.device:  # computed at the reference's precision, rounded on store
                 if mask is None:
                     torch.add(ref, eps, alpha=scale, out=target)
                 else:  # one pass: ref + scale * mask * eps

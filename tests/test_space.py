@@ -374,14 +374,17 @@ def test_mixed_precision_space_restores_exactly() -> None:
     assert [t.data_ptr() for t in tensors] == addresses
 
 
-def test_low_precision_perturbation_is_the_rounded_fp32_sum() -> None:
+@pytest.mark.parametrize("num_subspaces", [1, 3])
+def test_low_precision_perturbation_is_the_rounded_fp32_sum(num_subspaces) -> None:
     base = torch.linspace(-2, 2, 33)
     tensors = [base.to(torch.bfloat16), base.to(torch.float16)]
     masters = [t.float() for t in tensors]
     space = ParameterSpace(tensors, chunk_size=33)
-    with space.perturbed(Perturbation(1, 1, 1, 0.01)):
+    member = Perturbation(1, 1, 1, 0.01, subspace=num_subspaces - 1, num_subspaces=num_subspaces)
+    row = torch.from_numpy(noise_row([33, 33], 33, 1, 1, 1, member.subspace, num_subspaces))
+    with space.perturbed(member):
         for i, t in enumerate(tensors):
-            eps = chunk_noise(1, 1, 1, i, 0, 33)
+            eps = row[33 * i : 33 * (i + 1)].float()
             assert torch.equal(t, (masters[i] + eps * 0.01).to(t.dtype))
     assert all(torch.equal(t, m.to(t.dtype)) for t, m in zip(tensors, masters, strict=True))
 
