@@ -274,12 +274,14 @@ def _contiguous_head_input(model: Any) -> Iterator[None]:
     """Feed the output head a contiguous input while the context is open.
 
     generate() hands the head the last position of the prefill, a strided view. On CPU a bf16
-    ``linear`` with a strided 3-D input falls back to a batched matmul that materialises the
-    weight once per row: for a 49k x 576 head and 16 rows, 864 MiB. A copy of the hidden
-    states costs ``rows x hidden`` elements instead (see docs/benchmarks.md).
+    or fp16 ``linear`` with a strided 3-D input falls back to a batched matmul that
+    materialises the weight once per row: for a 49k x 576 head and 16 rows, 864 MiB. A copy of
+    the hidden states costs ``rows x hidden`` elements instead (see docs/benchmarks.md).
     """
+    import torch
+
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None:
+    if not isinstance(head, torch.nn.Module):
         yield
         return
     handle = head.register_forward_pre_hook(
