@@ -241,11 +241,16 @@ class ParameterSpace:
             flat = self._flat[chunk.tensor_index]
             ref = self._reference(chunk.tensor_index)[chunk.start : chunk.stop]
             target = flat[chunk.start : chunk.stop]
-            if ref.device == flat.device:  # computed at the reference's precision, rounded on store
+            if ref.device == flat.device:
+                # at the reference's precision; a low-precision chunk goes through the reused
+                # scratch and is rounded once on the copy (torch would allocate a temporary)
+                out = target if ref.dtype == flat.dtype else self._wide(ref, chunk.numel)
                 if mask is None:
-                    torch.add(ref, eps, alpha=scale, out=target)
+                    torch.add(ref, eps, alpha=scale, out=out)
                 else:  # one pass: ref + scale * mask * eps
-                    torch.addcmul(ref, mask, eps, value=scale, out=target)
+                    torch.addcmul(ref, mask, eps, value=scale, out=out)
+                if out is not target:
+                    target.copy_(out)
             else:
                 direction = eps if mask is None else mask.mul_(eps)
                 dtype = torch.promote_types(ref.dtype, direction.dtype)
@@ -260,6 +265,8 @@ class ParameterSpace:
             target = flat[chunk.start : chunk.stop]
             if ref.dtype == flat.dtype and ref.device == flat.device:
                 target.lerp_(ref, 2.0)
+            elif ref.device == flat.device:
+                target.copy_(self._wide(ref, chunk.numel).copy_(target).lerp_(ref, 2.0))
             else:
                 value = target.to(device=ref.device, dtype=ref.dtype)
                 target.copy_(value.lerp_(ref, 2.0))
@@ -315,6 +322,11 @@ class ParameterSpace:
             self._update_buffers[key] = allocate(2 * self._largest, dtype, device)
         both = self._update_buffers[key]
         return both[: self._largest], both[self._largest :]
+
+    def _wide(self, ref: torch.Tensor, numel: int) -> torch.Tensor:
+        """Scratch for a low-precision chunk's value at its master's precision: the update's
+        second accumulator, free while the space is perturbed (no update can run then)."""
+        return self._update_scratch(ref.device, ref.dtype)[1][:numel]
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
