@@ -343,6 +343,21 @@ def run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+def measure_memory(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Every memory run ``args.repeats`` times, interleaved so drift hits all alike; each keeps
+    the run with its median peak, plus every run's peak (the backprop peak varies by ~10%)."""
+    modes = ["inference", *(f"es_{n}" for n, _ in STRATEGIES), "backprop"]
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for _ in range(args.repeats):
+        for mode in modes:
+            runs[mode].append(run_child(mode, args))
+    memory = {}
+    for mode, results in runs.items():
+        results.sort(key=lambda m: m["peak"])
+        memory[mode] = {**results[len(results) // 2], "peaks": [m["peak"] for m in results]}
+    return memory
+
+
 def met(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
@@ -384,15 +399,19 @@ def report(timing: dict[str, Any], memory: dict[str, dict[str, Any]], args) -> s
     inf, bp = memory["inference"], memory["backprop"]
     lines += [
         "",
+        f"Memory: each run {args.repeats} times in a fresh subprocess, interleaved; the median "
+        "peak, with the range of all runs in brackets.",
+        "",
         "| run (own subprocess) | runtime RSS (no model) | RSS with model | peak RSS "
         "| peak - RSS with model | notes |",
         "|---|---:|---:|---:|---:|---|",
     ]
 
     def row(label: str, m: dict[str, Any], notes: str) -> str:
+        spread = f" ({min(m['peaks']):.0f}-{max(m['peaks']):.0f})" if len(m["peaks"]) > 1 else ""
         return (
             f"| {label} | {m['runtime']:.0f} MiB | {m['baseline']:.0f} MiB | "
-            f"{m['peak']:.0f} MiB | {m['peak'] - m['baseline']:.0f} MiB | {notes} |"
+            f"{m['peak']:.0f} MiB{spread} | {m['peak'] - m['baseline']:.0f} MiB | {notes} |"
         )
 
     lines.append(row("plain inference", inf, "the same rollout, no ES"))
@@ -414,6 +433,8 @@ def report(timing: dict[str, Any], memory: dict[str, dict[str, Any]], args) -> s
         ("ES peak / backprop peak", lambda m: m["peak"] / bp["peak"], 0.25),
         ("(ES peak - host backup) / backprop peak",
          lambda m: (m["peak"] - m["backup"]) / bp["peak"], 0.25),
+        ("same, worst pairing: (largest ES peak - backup) / smallest backprop peak",
+         lambda m: (max(m["peaks"]) - m["backup"]) / min(bp["peaks"]), 0.25),
         ("floor: plain inference peak / backprop peak (no ES)",
          lambda m: inf["peak"] / bp["peak"], None),
         ("same, without the runtime RSS: (ES - runtime) / (backprop - runtime)",
@@ -457,6 +478,9 @@ def main(argv: list[str] | None = None) -> None:
         help="weights of inference and ES (bfloat16: ES keeps an fp32 master on the host); "
         "backprop then runs the mixed-precision recipe (fp32 weights and AdamW, bf16 autocast)",
     )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each memory measurement (median kept)"
+    )
     parser.add_argument("--json", help="also write the raw measurements here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -464,14 +488,15 @@ def main(argv: list[str] | None = None) -> None:
         fn = child_timing if args.child == "timing" else child_memory
         print("RESULT " + json.dumps(fn(args)), flush=True)
         return
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     if args.quick:
         args.prompts, args.new_tokens, args.population = 4, 8, 8
     if not (Path(args.model).expanduser() / "config.json").is_file():
         sys.exit(f"no model folder at {args.model}: run the esbox conversion or pass --model")
     print("running (each part in its own subprocess)...", file=sys.stderr, flush=True)
     timing = run_child("timing", args)
-    modes = ["inference", *(f"es_{n}" for n, _ in STRATEGIES), "backprop"]
-    memory = {mode: run_child(mode, args) for mode in modes}
+    memory = measure_memory(args)
     print(report(timing, memory, args))
     if args.json:
         Path(args.json).write_text(json.dumps({"timing": timing, "memory": memory}, indent=1))
