@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esbox.noise import DEFAULT_TABLE_SIZE, NOISE_MODES
-from esbox.partition import label_bits, pattern_length
+from esbox.partition import label_dtype, pattern_length
 
 from .model_shapes import (
     DTYPE_BYTES,
@@ -317,7 +317,7 @@ def _es_space_items(c: int, w: int, subspaces: int, noise: str, table_size: int)
     masked = subspaces > 1
     buffers = [(4, "noise (one fp32 chunk buffer on an accelerator)")] if noise != "table" else []
     if masked:
-        buffers.append((8, "mask buffers (fp32 mask, int32 table index)"))
+        buffers.append((4, "fp32 mask buffer"))
     buffers.append(
         (2 * acc, f"update accumulators (fp{8 * acc} gradient estimate and subspace sum, reused)")
     )
@@ -325,8 +325,6 @@ def _es_space_items(c: int, w: int, subspaces: int, noise: str, table_size: int)
         buffers.append((8, "fp64 copy of the step for its norm"))
     else:
         buffers.append((8, "fp64 copy of each noise chunk"))
-    if label_bits(subspaces) == 32:
-        buffers.append((4, "fresh fp32 mask (int32 labels, K > 256)"))
     items = [
         Item(
             "ES chunk buffers",
@@ -344,14 +342,14 @@ def _es_space_items(c: int, w: int, subspaces: int, noise: str, table_size: int)
             )
         )
     if masked:
-        bits = label_bits(subspaces)
+        size = label_dtype(subspaces).itemsize
         pattern = 2 * pattern_length(subspaces, c)
         items.append(
             Item(
                 "partition pattern (CoPES)",
-                -(-pattern * bits // 8),
-                f"2 * {pattern // 2:,} * {bits} / 8 (the step's label pattern, c rounded up to "
-                f"whole blocks of K = {subspaces}, written twice, {bits} bits a label)",
+                pattern * size,
+                f"2 * {pattern // 2:,} * {size} (the step's label pattern, c rounded up to "
+                f"whole blocks of K = {subspaces}, written twice, {size} byte(s) a label)",
             )
         )
     return items

@@ -261,7 +261,7 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
         out["seconds"] = time.perf_counter() - start
         out["tokens"] = int(inputs["attention_mask"].sum())
     else:
-        from esbox.partition import label_bits, pattern_length
+        from esbox.partition import label_dtype, pattern_length
 
         name = args.child.removeprefix("es_")
         options = dict(STRATEGIES)[name]
@@ -284,7 +284,7 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
         )
         k = options.get("subspaces", 1)
         pattern = 2 * pattern_length(k, max(c.numel for c in space.chunks))
-        out["labels"] = pattern * label_bits(k) / 8 / MIB if k > 1 else 0.0
+        out["labels"] = pattern * label_dtype(k).itemsize / MIB if k > 1 else 0.0
     out["peak"] = peak_mib()
     return out
 

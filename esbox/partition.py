@@ -6,13 +6,11 @@ Every chunk reads a window of that pattern, starting at a block boundary drawn f
 chunk's own seed, with its labels rotated by a seeded amount. A whole block holds every label
 once, so each chunk's subspace sizes differ by at most one (the whole layout's by at most the
 chunk count), and a step's partition costs one pattern of ``span`` labels instead of one label
-per weight: 2 bits x span at K = 4, whatever the model's size.
+per weight: a byte a label (K <= 256), whatever the model's size.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,28 +22,14 @@ from esbox.noise import allocate, chunk_generator, derive_seed
 PARTITION_TAG = 0x5041_5254  # "PART": keeps partition streams apart from noise streams
 
 
-def label_bits(num_subspaces: int) -> int:
-    """Bits that store one packed label: 1, 2, 4 or 8 (32 beyond 256 subspaces)."""
-    for bits in (1, 2, 4, 8):
-        if num_subspaces <= 1 << bits:
-            return bits
-    return 32
-
-
-def _labels_per_byte(num_subspaces: int) -> int:
-    bits = label_bits(num_subspaces)
-    return 1 if bits == 32 else 8 // bits
-
-
-def window_unit(num_subspaces: int) -> int:
-    """Windows start at multiples of this: a whole label block and a whole packed byte."""
-    return math.lcm(num_subspaces, _labels_per_byte(num_subspaces))
+def label_dtype(num_subspaces: int) -> torch.dtype:
+    """The pattern's label type: a byte up to 256 subspaces, int32 beyond."""
+    return torch.uint8 if num_subspaces <= 256 else torch.int32
 
 
 def pattern_length(num_subspaces: int, span: int) -> int:
-    """Length of the step's pattern: ``span`` rounded up to whole window units."""
-    unit = window_unit(num_subspaces)
-    return -(-max(span, 1) // unit) * unit
+    """Length of the step's pattern: ``span`` rounded up to whole blocks of K labels."""
+    return -(-max(span, 1) // num_subspaces) * num_subspaces
 
 
 def step_pattern(run_seed: int, step: int, num_subspaces: int, span: int) -> torch.Tensor:
@@ -57,11 +41,7 @@ def step_pattern(run_seed: int, step: int, num_subspaces: int, span: int) -> tor
     length = pattern_length(num_subspaces, span)
     generator = chunk_generator(derive_seed(PARTITION_TAG, run_seed, step, num_subspaces), "cpu")
     keys = torch.rand(length // num_subspaces, num_subspaces, generator=generator)
-    labels = (
-        keys.argsort(dim=1, stable=True)
-        .view(-1)
-        .to(torch.uint8 if num_subspaces <= 256 else torch.int32)
-    )
+    labels = keys.argsort(dim=1, stable=True).view(-1).to(label_dtype(num_subspaces))
     return torch.cat([labels, labels])
 
 
@@ -76,13 +56,12 @@ class Window:
 def chunk_window(
     run_seed: int, step: int, num_subspaces: int, tensor_index: int, chunk_index: int, span: int
 ) -> Window:
-    """The seeded window of one chunk at one step."""
-    unit = window_unit(num_subspaces)
-    starts = pattern_length(num_subspaces, span) // unit
+    """The seeded window of one chunk at one step: a block boundary and a rotation."""
+    blocks = pattern_length(num_subspaces, span) // num_subspaces
     seed = derive_seed(PARTITION_TAG, run_seed, step, num_subspaces, tensor_index, chunk_index)
-    draw = torch.randint(0, starts * num_subspaces, (1,), generator=chunk_generator(seed, "cpu"))
-    start, rotation = divmod(int(draw), num_subspaces)
-    return Window(start * unit, rotation)
+    draw = torch.randint(0, blocks * num_subspaces, (1,), generator=chunk_generator(seed, "cpu"))
+    block, rotation = divmod(int(draw), num_subspaces)
+    return Window(block * num_subspaces, rotation)
 
 
 def chunk_labels(
@@ -103,59 +82,6 @@ def chunk_labels(
     return labels.add_(window.rotation).remainder_(num_subspaces)
 
 
-def pack_labels(labels: torch.Tensor, num_subspaces: int) -> torch.Tensor:
-    """Labels packed ``8 // bits`` to a byte (K = 4: a quarter of a byte each).
-
-    Label ``j`` of each group of ``8 // bits`` sits in bits ``[bits * j, bits * (j + 1))``.
-    """
-    bits = label_bits(num_subspaces)
-    if bits == 32:
-        return labels.to(torch.int32)
-    per_byte = 8 // bits
-    groups = -(-labels.numel() // per_byte)
-    padded = torch.zeros(groups * per_byte, dtype=torch.uint8, device=labels.device)
-    padded[: labels.numel()] = labels
-    padded = padded.view(groups, per_byte)
-    packed = padded[:, 0].clone()
-    for j in range(1, per_byte):
-        packed |= padded[:, j] << (bits * j)
-    return packed
-
-
-@functools.lru_cache(maxsize=256)
-def _mask_table(bits: int, subspace: int, device: torch.device) -> torch.Tensor:
-    """For every byte value, the fp32 0/1 membership of each label packed in it."""
-    shifts = torch.arange(0, 8, bits, device=device)
-    values = torch.arange(256, device=device).unsqueeze(1)
-    return (((values >> shifts) & ((1 << bits) - 1)) == subspace).to(torch.float32)
-
-
-def subspace_mask(
-    packed: torch.Tensor,
-    numel: int,
-    num_subspaces: int,
-    subspace: int,
-    out: torch.Tensor | None = None,
-    index: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The fp32 0/1 mask of ``subspace`` over ``numel`` packed labels (one table lookup).
-
-    Optional reused buffers avoid allocations (and their page faults): ``out`` (fp32, at
-    least ``numel`` rounded up to a whole byte of labels) and ``index`` (int32, at least as
-    long as ``packed``). A float mask, not a bool one: multiplying by it is faster on CPU.
-    """
-    bits = label_bits(num_subspaces)
-    if bits == 32:
-        return (packed[:numel] == subspace).to(torch.float32)
-    table = _mask_table(bits, subspace, packed.device)
-    rows = -(-numel // table.shape[1])
-    packed = packed[:rows]
-    if out is not None:
-        out = out[: rows * table.shape[1]].view(rows, table.shape[1])
-    rows_index = index[:rows].copy_(packed) if index is not None else packed.to(torch.int32)
-    return torch.index_select(table, 0, rows_index, out=out).view(-1)[:numel]
-
-
 class ChunkId(Protocol):
     """What a partition needs to know of a chunk (``esbox.space.Chunk`` has it)."""
 
@@ -166,8 +92,8 @@ class ChunkId(Protocol):
 
 class LayoutPartition:
     """A chunk layout's partition at one step, drawn once and shared by the step's members and
-    its update: the packed pattern (one copy per device), every chunk's window, and reused
-    mask buffers. It costs ``2 * span * bits / 8`` bytes, whatever the number of weights."""
+    its update: the pattern (one copy per device), every chunk's window, and a reused mask
+    buffer. The pattern costs ``2 * span`` bytes (K <= 256), whatever the number of weights."""
 
     def __init__(self, chunks: Sequence[ChunkId], span: int) -> None:
         self.chunks = chunks
@@ -175,16 +101,16 @@ class LayoutPartition:
         self._key: tuple[int, int, int] | None = None
         self._patterns: dict[torch.device, torch.Tensor] = {}
         self._windows: list[Window] = []
-        self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._masks: dict[torch.device, torch.Tensor] = {}
 
     def draw(
         self, run_seed: int, step: int, num_subspaces: int, device: torch.device
     ) -> tuple[torch.Tensor, list[Window]]:
-        """The step's packed pattern on ``device`` and every chunk's window into it."""
+        """The step's pattern on ``device`` and every chunk's window into it."""
         key = (run_seed, step, num_subspaces)
         if self._key != key:
             pattern = step_pattern(run_seed, step, num_subspaces, self.span)
-            self._patterns = {torch.device("cpu"): pack_labels(pattern, num_subspaces)}
+            self._patterns = {torch.device("cpu"): pattern}
             self._windows = [
                 chunk_window(
                     run_seed, step, num_subspaces, c.tensor_index, c.chunk_index, self.span
@@ -206,16 +132,12 @@ class LayoutPartition:
         subspace: int,
     ) -> torch.Tensor:
         """fp32 0/1 mask of ``subspace`` over chunk ``position`` on ``device`` (a reused
-        buffer, valid until the next call)."""
+        buffer, valid until the next call): one comparison of the chunk's window."""
         pattern, windows = self.draw(run_seed, step, num_subspaces, device)
-        if device not in self._buffers:
-            self._buffers[device] = (
-                allocate(self.span + 8, torch.float32, device),
-                allocate(self.span, torch.int32, device),
-            )
-        out, index = self._buffers[device]
+        if device not in self._masks:
+            self._masks[device] = allocate(self.span, torch.float32, device)
         window = windows[position]
-        first_byte = window.start // _labels_per_byte(num_subspaces)
-        unrotated = (subspace - window.rotation) % num_subspaces  # the label the pattern holds
         numel = self.chunks[position].numel
-        return subspace_mask(pattern[first_byte:], numel, num_subspaces, unrotated, out, index)
+        unrotated = (subspace - window.rotation) % num_subspaces  # the label the pattern holds
+        labels = pattern[window.start : window.start + numel]
+        return torch.eq(labels, unrotated, out=self._masks[device][:numel])

@@ -127,7 +127,7 @@ def test_memory_from_a_run_config_uses_its_es_settings(tiny_lm):
     assert (estimate["subspaces"], estimate["noise"], estimate["chunk"]) == (4, "table", 1000)
     es = estimate["methods"]["es"]["items"]
     assert es["noise table"] == 4 * 8388608  # the config's table_size
-    assert es["partition pattern (CoPES)"] == 2 * pattern_length(4, 1000) * 2 // 8
+    assert es["partition pattern (CoPES)"] == 2 * pattern_length(4, 1000)
     assert "Adam moments" not in es
     adam = invoke(*args, "--set", "options.optimizer=adam")
     assert "Adam moments" in json.loads(adam.output)["methods"]["es"]["items"]

@@ -100,17 +100,17 @@ def test_es_is_below_grpo_and_lora_grpo(context, dtype):
     assert es.device_bytes < lora.device_bytes < grpo.device_bytes
     assert es.device_bytes + es.host_bytes < grpo.device_bytes + grpo.host_bytes
     assert es.host_bytes == 4 * est.model.parameters  # fp32 master (bf16) or fp32 backup
-    # K = 4: one 2-bit label pattern as long as a chunk, written twice, whatever the model size
+    # K = 4: one byte-a-label pattern as long as a chunk, written twice, whatever the model size
     chunk = est.settings["chunk"]
-    assert es.get("partition pattern (CoPES)") == 2 * pattern_length(4, chunk) * 2 // 8
+    assert es.get("partition pattern (CoPES)") == 2 * pattern_length(4, chunk)
 
 
-@pytest.mark.parametrize(("k", "bits"), [(2, 1), (3, 2), (4, 2), (16, 4), (17, 8), (256, 8)])
-def test_partition_pattern_is_packed_label_bits_a_label(k, bits):
+@pytest.mark.parametrize(("k", "size"), [(2, 1), (3, 1), (4, 1), (17, 1), (256, 1), (257, 4)])
+def test_partition_pattern_is_a_byte_a_label_up_to_256_subspaces(k, size):
     es = estimate_memory(tiny_config(), context=16, chunk_size=1000, subspaces=k).method(ES)
-    assert es.get("partition pattern (CoPES)") == -(-2 * pattern_length(k, 1000) * bits // 8)
+    assert es.get("partition pattern (CoPES)") == 2 * pattern_length(k, 1000) * size
     formulas = {item.name: item.formula for item in es.items}
-    assert f"* {bits} / 8" in formulas["partition pattern (CoPES)"]
+    assert f"* {size} (the step's label pattern" in formulas["partition pattern (CoPES)"]
 
 
 @pytest.mark.parametrize("k", [2, 4, 17, 300])
@@ -143,10 +143,9 @@ def test_chunk_buffers_follow_the_space():
         for k in (1, 4, 300)
     }
     # noise 4c + update 16c (two reused fp32 accumulators, the fp64 copy for the norm);
-    # CoPES adds mask buffers 8c; int32 labels (K > 256) add a fresh fp32 mask 4c
+    # CoPES adds its fp32 mask buffer 4c, whatever K
     assert est[1].get("ES chunk buffers") == 20 * c
-    assert est[4].get("ES chunk buffers") == 28 * c
-    assert est[300].get("ES chunk buffers") == 32 * c
+    assert est[4].get("ES chunk buffers") == est[300].get("ES chunk buffers") == 24 * c
     f64 = estimate_memory(tiny_config(), context=16, chunk_size=c, dtype="float64").method(ES)
     assert f64.get("ES chunk buffers") == 28 * c  # noise 4c + fp64 update 24c
 

@@ -12,10 +12,9 @@ from esbox.noise import NOISE_DTYPE, chunk_noise, derive_seed
 from esbox.partition import (
     chunk_labels,
     chunk_window,
-    label_bits,
+    label_dtype,
     pattern_length,
     step_pattern,
-    window_unit,
 )
 from esbox.space import ParameterSpace, VectorSpace, chunk_layout
 from esbox.specs import Perturbation
@@ -219,16 +218,16 @@ def test_partition_stream_is_not_the_noise_stream() -> None:
 def test_step_pattern_is_blocks_of_k_written_twice(k, span, run_seed, step) -> None:
     pattern = step_pattern(run_seed, step, k, span).numpy()
     length = pattern_length(k, span)
-    assert length >= span and length % window_unit(k) == 0 and length - span < window_unit(k)
+    assert length >= span and length % k == 0 and length - span < k
     assert np.array_equal(pattern[:length], pattern[length:])
     blocks = pattern[:length].reshape(-1, k)
     assert np.array_equal(np.sort(blocks, axis=1), np.tile(np.arange(k), (len(blocks), 1)))
 
 
 @given(st.integers(2, 9), st.integers(1, 3000), seeds, st.integers(0, 100), st.integers(0, 100))
-def test_chunk_window_starts_on_a_unit_and_rotates_within_k(k, span, seed, tensor, chunk) -> None:
+def test_chunk_window_starts_on_a_block_and_rotates_within_k(k, span, seed, tensor, chunk) -> None:
     window = chunk_window(seed, 0, k, tensor, chunk, span)
-    assert window.start % window_unit(k) == 0
+    assert window.start % k == 0
     assert 0 <= window.start < pattern_length(k, span)
     assert 0 <= window.rotation < k
 
@@ -246,13 +245,14 @@ def test_chunks_read_different_windows_of_the_pattern() -> None:
 
 
 def test_a_steps_partition_costs_one_pattern_whatever_the_model_size() -> None:
-    """The space caches one packed pattern per device: 2 * span * bits / 8 bytes."""
+    """The space caches one pattern per device: 2 * span labels of a byte each (K <= 256)."""
     k, span = 4, 1000
     for tensors in (4, 64):
         space = ParameterSpace([torch.zeros(span) for _ in range(tensors)], chunk_size=span)
         pattern, windows = space._partition.draw(0, 0, k, torch.device("cpu"))
         assert len(windows) == tensors
-        assert pattern.numel() * pattern.element_size() == 2 * span * label_bits(k) // 8
+        assert pattern.numel() * pattern.element_size() == 2 * span
+        assert pattern.dtype == label_dtype(k) == torch.uint8
 
 
 def test_every_position_is_in_each_subspace_with_probability_one_over_k() -> None:

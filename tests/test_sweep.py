@@ -12,13 +12,7 @@ import esbox
 import esbox.noise
 from esbox.adapters.testing import tiny_causal_lm
 from esbox.adapters.torch_space import TorchModuleSpace
-from esbox.partition import (
-    LayoutPartition,
-    chunk_labels,
-    label_bits,
-    pack_labels,
-    subspace_mask,
-)
+from esbox.partition import LayoutPartition, chunk_labels
 from esbox.space import VectorSpace, chunk_layout
 from esbox.specs import Perturbation
 
@@ -141,18 +135,7 @@ def test_reflection_on_a_model_restores_exactly(dtype) -> None:
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-# -- the packed partition ----------------------------------------------------------------------
-@given(k=st.integers(1, 300), numel=st.integers(1, 300), seed=st.integers(0, 2**40))
-def test_packed_labels_give_back_every_subspace_mask(k, numel, seed) -> None:
-    labels = torch.randint(0, k, (numel,), generator=torch.Generator().manual_seed(seed))
-    packed = pack_labels(labels, k)
-    bits = label_bits(k)
-    assert packed.numel() == (-(-numel * bits // 8) if bits <= 8 else numel)
-    for subspace in {0, k // 2, k - 1}:
-        mask = subspace_mask(packed, numel, k, subspace)
-        assert torch.equal(mask, (labels == subspace).to(torch.float32))
-
-
+# -- the partition's masks ---------------------------------------------------------------------
 @given(
     k=st.integers(1, 300),
     numels=st.lists(st.integers(1, 300), min_size=1, max_size=4),
