@@ -316,8 +316,6 @@ def _es_space_items(c: int, w: int, subspaces: int, noise: str, table_size: int)
     acc = 8 if w == 8 else 4  # the update accumulates in fp64 for fp64 weights, else fp32
     masked = subspaces > 1
     buffers = [(4, "noise (one fp32 chunk buffer on an accelerator)")] if noise != "table" else []
-    if masked:
-        buffers.append((4, "fp32 mask buffer"))
     buffers.append(
         (2 * acc, f"update accumulators (fp{8 * acc} gradient estimate and subspace sum, reused)")
     )
@@ -350,6 +348,14 @@ def _es_space_items(c: int, w: int, subspaces: int, noise: str, table_size: int)
                 pattern * size,
                 f"2 * {pattern // 2:,} * {size} (the step's label pattern, c rounded up to "
                 f"whole blocks of K = {subspaces}, written twice, {size} byte(s) a label)",
+            )
+        )
+        items.append(
+            Item(
+                "subspace mask (CoPES)",
+                4 * pattern,
+                f"4 * 2 * {pattern // 2:,} (one subspace's fp32 0/1 mask over the whole "
+                "pattern: every chunk's mask is a view of it)",
             )
         )
     return items

@@ -2,17 +2,16 @@
 
 Each step draws one shared label *pattern* as long as the layout's longest chunk (its ``span``):
 consecutive blocks of K positions, each block a seeded random permutation of the K labels.
-Every chunk reads a window of that pattern, starting at a block boundary drawn from the
-chunk's own seed, with its labels rotated by a seeded amount. A whole block holds every label
-once, so each chunk's subspace sizes differ by at most one (the whole layout's by at most the
-chunk count), and a step's partition costs one pattern of ``span`` labels instead of one label
-per weight: a byte a label (K <= 256), whatever the model's size.
+Every chunk reads a window of that pattern starting at a block boundary drawn from the chunk's
+own seed. A whole block holds every label once, so each chunk's subspace sizes differ by at
+most one (the whole layout's by at most the chunk count). A step's partition costs one pattern
+of ``span`` labels instead of one label per weight, and a subspace's 0/1 mask over the whole
+pattern serves every chunk as a view: one comparison a member instead of one a chunk.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -45,23 +44,14 @@ def step_pattern(run_seed: int, step: int, num_subspaces: int, span: int) -> tor
     return torch.cat([labels, labels])
 
 
-@dataclass(frozen=True)
-class Window:
-    """Where a chunk reads the step's pattern, and by how much its labels are rotated."""
-
-    start: int
-    rotation: int
-
-
 def chunk_window(
     run_seed: int, step: int, num_subspaces: int, tensor_index: int, chunk_index: int, span: int
-) -> Window:
-    """The seeded window of one chunk at one step: a block boundary and a rotation."""
+) -> int:
+    """Where one chunk's window into the step's pattern starts: a seeded block boundary."""
     blocks = pattern_length(num_subspaces, span) // num_subspaces
     seed = derive_seed(PARTITION_TAG, run_seed, step, num_subspaces, tensor_index, chunk_index)
-    draw = torch.randint(0, blocks * num_subspaces, (1,), generator=chunk_generator(seed, "cpu"))
-    block, rotation = divmod(int(draw), num_subspaces)
-    return Window(block * num_subspaces, rotation)
+    block = torch.randint(0, blocks, (1,), generator=chunk_generator(seed, "cpu"))
+    return int(block) * num_subspaces
 
 
 def chunk_labels(
@@ -77,9 +67,8 @@ def chunk_labels(
     if numel > span:
         raise ValueError(f"a chunk of {numel} elements exceeds the layout's span {span}")
     pattern = step_pattern(run_seed, step, num_subspaces, span)
-    window = chunk_window(run_seed, step, num_subspaces, tensor_index, chunk_index, span)
-    labels = pattern[window.start : window.start + numel].to(torch.int64)
-    return labels.add_(window.rotation).remainder_(num_subspaces)
+    start = chunk_window(run_seed, step, num_subspaces, tensor_index, chunk_index, span)
+    return pattern[start : start + numel].to(torch.int64)
 
 
 class ChunkId(Protocol):
@@ -92,21 +81,23 @@ class ChunkId(Protocol):
 
 class LayoutPartition:
     """A chunk layout's partition at one step, drawn once and shared by the step's members and
-    its update: the pattern (one copy per device), every chunk's window, and a reused mask
-    buffer. The pattern costs ``2 * span`` bytes (K <= 256), whatever the number of weights."""
+    its update: the pattern and every chunk's window, and a mask buffer the pattern's length
+    (one of each per device). The pattern costs ``2 * span`` bytes (K <= 256) and the buffer
+    ``8 * span``, whatever the number of weights."""
 
     def __init__(self, chunks: Sequence[ChunkId], span: int) -> None:
         self.chunks = chunks
         self.span = span
         self._key: tuple[int, int, int] | None = None
         self._patterns: dict[torch.device, torch.Tensor] = {}
-        self._windows: list[Window] = []
+        self._windows: list[int] = []
         self._masks: dict[torch.device, torch.Tensor] = {}
+        self._mask_holds: dict[torch.device, tuple[int, int, int, int] | None] = {}
 
     def draw(
         self, run_seed: int, step: int, num_subspaces: int, device: torch.device
-    ) -> tuple[torch.Tensor, list[Window]]:
-        """The step's pattern on ``device`` and every chunk's window into it."""
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The step's pattern on ``device`` and where every chunk's window into it starts."""
         key = (run_seed, step, num_subspaces)
         if self._key != key:
             pattern = step_pattern(run_seed, step, num_subspaces, self.span)
@@ -117,6 +108,7 @@ class LayoutPartition:
                 )
                 for c in self.chunks
             ]
+            self._mask_holds = {}
             self._key = key
         if device not in self._patterns:
             self._patterns[device] = self._patterns[torch.device("cpu")].to(device)
@@ -131,13 +123,38 @@ class LayoutPartition:
         num_subspaces: int,
         subspace: int,
     ) -> torch.Tensor:
-        """fp32 0/1 mask of ``subspace`` over chunk ``position`` on ``device`` (a reused
-        buffer, valid until the next call): one comparison of the chunk's window."""
+        """fp32 0/1 mask of ``subspace`` over chunk ``position`` on ``device``: a view of the
+        subspace's mask over the whole pattern, compared once and shared by every chunk (valid
+        until the next call for another subspace or step). For a sweep over chunks."""
         pattern, windows = self.draw(run_seed, step, num_subspaces, device)
-        if device not in self._masks:
-            self._masks[device] = allocate(self.span, torch.float32, device)
-        window = windows[position]
-        numel = self.chunks[position].numel
-        unrotated = (subspace - window.rotation) % num_subspaces  # the label the pattern holds
-        labels = pattern[window.start : window.start + numel]
-        return torch.eq(labels, unrotated, out=self._masks[device][:numel])
+        buffer = self._buffer(device, pattern.numel())
+        holds = (run_seed, step, num_subspaces, subspace)
+        if self._mask_holds.get(device) != holds:
+            torch.eq(pattern, subspace, out=buffer[: pattern.numel()])
+            self._mask_holds[device] = holds
+        start = windows[position]
+        return buffer[start : start + self.chunks[position].numel]
+
+    def chunk_mask(
+        self,
+        position: int,
+        device: torch.device,
+        run_seed: int,
+        step: int,
+        num_subspaces: int,
+        subspace: int,
+    ) -> torch.Tensor:
+        """The same mask compared over the chunk's window alone (valid until the next call):
+        for a caller that visits every subspace at each chunk, as an update does."""
+        pattern, windows = self.draw(run_seed, step, num_subspaces, device)
+        buffer = self._buffer(device, pattern.numel())
+        self._mask_holds[device] = None
+        start, numel = windows[position], self.chunks[position].numel
+        return torch.eq(pattern[start : start + numel], subspace, out=buffer[:numel])
+
+    def _buffer(self, device: torch.device, numel: int) -> torch.Tensor:
+        """The device's fp32 mask buffer, at least ``numel`` long (allocated once per size)."""
+        if device not in self._masks or self._masks[device].numel() < numel:
+            self._masks[device] = allocate(numel, torch.float32, device)
+            self._mask_holds[device] = None
+        return self._masks[device]

@@ -163,8 +163,9 @@ class ParameterSpace:
     def _mask(
         self, chunk_position: int, run_seed: int, step: int, spec: Term | Perturbation
     ) -> torch.Tensor:
-        """fp32 0/1 mask of ``spec``'s subspace over chunk ``chunk_position`` (a reused buffer,
-        valid until the next call)."""
+        """fp32 0/1 mask of ``spec``'s subspace over chunk ``chunk_position``: a view of the
+        subspace's mask over the step's whole pattern (read-only, valid until the next call
+        for another subspace). For visiting the chunks of one member."""
         device = self._flat[self.chunks[chunk_position].tensor_index].device
         return self._partition.mask(
             chunk_position, device, run_seed, step, spec.num_subspaces, spec.subspace
@@ -174,8 +175,9 @@ class ParameterSpace:
         self, perturbation: Perturbation
     ) -> Iterator[tuple[Chunk, torch.Tensor, torch.Tensor | None]]:
         """Yield ``(chunk, eps, mask)`` for every chunk: the fp32 noise (a reused buffer or a
-        view of the noise table: read-only) and the 0/1 mask of the member's subspace (a reused
-        buffer; None without subspaces). Kept apart so a write can fuse the masking."""
+        view of the noise table) and the 0/1 mask of the member's subspace (a view of a shared
+        buffer; None without subspaces), both read-only. Kept apart so a write can fuse the
+        masking."""
         p = perturbation
         pairs = [(c, p.seed) for c in self.chunks]
         stream = self._member_noise(p.run_seed, p.step, pairs)
@@ -252,7 +254,7 @@ class ParameterSpace:
                 if out is not target:
                     target.copy_(out)
             else:
-                direction = eps if mask is None else mask.mul_(eps)
+                direction = eps if mask is None else mask * eps  # the mask is shared
                 dtype = torch.promote_types(ref.dtype, direction.dtype)
                 value = ref.to(device=direction.device, dtype=dtype, copy=True)
                 target.copy_(value.add_(direction, alpha=scale))
@@ -294,7 +296,15 @@ class ParameterSpace:
                 for term in terms:
                     acc.add_(next(stream).to(acc_dtype), alpha=term.coefficient)
                 if masked:  # subspaces are disjoint: mask a subspace's sum once, not each term
-                    mask = self._mask(position, update.run_seed, update.step, terms[0])
+                    spec = terms[0]  # every subspace at each chunk: compare the window alone
+                    mask = self._partition.chunk_mask(
+                        position,
+                        flat.device,
+                        update.run_seed,
+                        update.step,
+                        spec.num_subspaces,
+                        spec.subspace,
+                    )
                     grad.add_(acc.mul_(mask))
             delta = self._optimizer.delta(
                 update.optimizer,

@@ -127,6 +127,9 @@ def test_pattern_estimate_matches_what_a_real_space_keeps(k):
     assert pattern.numel() * pattern.element_size() == estimated.method(ES).get(
         "partition pattern (CoPES)"
     )
+    mask = space._partition.mask(0, torch.device("cpu"), 0, 0, k, 0)
+    buffer = mask.untyped_storage().nbytes()
+    assert buffer == estimated.method(ES).get("subspace mask (CoPES)")
 
 
 def test_more_than_256_subspaces_keep_int32_labels():
@@ -142,10 +145,13 @@ def test_chunk_buffers_follow_the_space():
         k: estimate_memory(tiny_config(), context=16, chunk_size=c, subspaces=k).method(ES)
         for k in (1, 4, 300)
     }
-    # noise 4c + update 16c (two reused fp32 accumulators, the fp64 copy for the norm);
-    # CoPES adds its fp32 mask buffer 4c, whatever K
-    assert est[1].get("ES chunk buffers") == 20 * c
-    assert est[4].get("ES chunk buffers") == est[300].get("ES chunk buffers") == 24 * c
+    # noise 4c + update 16c (two reused fp32 accumulators, the fp64 copy for the norm),
+    # whatever K; CoPES's mask spans the doubled pattern instead: 8c', c' = c in whole blocks
+    assert est[1].get("ES chunk buffers") == est[4].get("ES chunk buffers") == 20 * c
+    assert est[300].get("ES chunk buffers") == 20 * c
+    for k in (4, 300):
+        assert est[k].get("subspace mask (CoPES)") == 8 * pattern_length(k, c)
+    assert est[1].get("subspace mask (CoPES)") == 0
     f64 = estimate_memory(tiny_config(), context=16, chunk_size=c, dtype="float64").method(ES)
     assert f64.get("ES chunk buffers") == 28 * c  # noise 4c + fp64 update 24c
 

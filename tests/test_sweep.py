@@ -145,12 +145,19 @@ def test_reflection_on_a_model_restores_exactly(dtype) -> None:
 def test_layout_partition_masks_are_the_chunk_labels(k, numels, chunk_size, seed) -> None:
     chunks = chunk_layout(numels, chunk_size)
     span = max(c.numel for c in chunks)
-    partition = LayoutPartition(chunks, span)
-    for position, c in enumerate(chunks):
+    partition, cpu = LayoutPartition(chunks, span), torch.device("cpu")
+    for subspace in {0, k // 2, k - 1}:  # a sweep's order: the chunks of one subspace
+        for position, c in enumerate(chunks):
+            labels = chunk_labels(seed, 3, k, c.tensor_index, c.chunk_index, c.numel, span)
+            want = (labels == subspace).to(torch.float32)
+            assert torch.equal(partition.mask(position, cpu, seed, 3, k, subspace), want)
+    for position, c in enumerate(chunks):  # an update's order: every subspace at each chunk
         labels = chunk_labels(seed, 3, k, c.tensor_index, c.chunk_index, c.numel, span)
         for subspace in {0, k // 2, k - 1}:
-            mask = partition.mask(position, torch.device("cpu"), seed, 3, k, subspace)
-            assert torch.equal(mask, (labels == subspace).to(torch.float32))
+            want = (labels == subspace).to(torch.float32)
+            assert torch.equal(partition.chunk_mask(position, cpu, seed, 3, k, subspace), want)
+            # the shared mask is compared again after a chunk mask overwrote its buffer
+            assert torch.equal(partition.mask(position, cpu, seed, 3, k, subspace), want)
 
 
 @pytest.mark.parametrize("noise", ["generator", "table"])
