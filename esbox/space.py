@@ -112,7 +112,6 @@ class ParameterSpace:
         self._filler = NoiseFiller(largest, threads, table)
         self._perturbed = False
         self._partition = LayoutPartition(self.chunks, largest)
-        self._largest = largest
         self._update_buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self.reflect_antithetic = reflect_antithetic
 
@@ -221,7 +220,7 @@ class ParameterSpace:
         for p in perturbations:
             if not self._perturbed:
                 raise RuntimeError("the sweep has ended: iterate its members inside the with")
-            if self.reflect_antithetic and previous is not None and _mirrors(p, previous):
+            if self.reflect_antithetic and previous is not None and p.mirrors(previous):
                 self._reflect()
             else:
                 self._write(p)
@@ -280,7 +279,7 @@ class ParameterSpace:
             raise RuntimeError("cannot apply an update while the space is perturbed")
         validate_optimizer(update.optimizer)
         self._optimizer.begin()
-        groups = _subspace_groups(update.terms)
+        groups = update.subspace_groups()
         pairs = [(c, t.seed) for c in self.chunks for terms in groups for t in terms]
         stream = self._member_noise(update.run_seed, update.step, pairs)
         squared = 0.0
@@ -329,9 +328,9 @@ class ParameterSpace:
         once and reused by every chunk of every update: no allocator churn between chunks."""
         key = (device, dtype)
         if key not in self._update_buffers:
-            self._update_buffers[key] = allocate(2 * self._largest, dtype, device)
+            self._update_buffers[key] = allocate(2 * self._partition.span, dtype, device)
         both = self._update_buffers[key]
-        return both[: self._largest], both[self._largest :]
+        return both[: self._partition.span], both[self._partition.span :]
 
     def _wide(self, ref: torch.Tensor, numel: int) -> torch.Tensor:
         """Scratch for a low-precision chunk's value at its master's precision: the update's
@@ -373,27 +372,6 @@ class ParameterSpace:
         }
         self._optimizer.load_state_dict(optimizer, int(tensors["optimizer_steps"][0]))
         self._backup = None
-
-
-def _mirrors(p: Perturbation, q: Perturbation) -> bool:
-    """True when ``p`` is the antithetic twin of ``q``: the same noise, the opposite scale."""
-    same = (p.run_seed, p.step, p.seed, p.subspace, p.num_subspaces) == (
-        q.run_seed,
-        q.step,
-        q.seed,
-        q.subspace,
-        q.num_subspaces,
-    )
-    return same and p.scale == -q.scale
-
-
-def _subspace_groups(terms: Sequence[Term]) -> list[list[Term]]:
-    """Terms grouped by ``(num_subspaces, subspace)`` in first-seen order, order kept within."""
-    groups: dict[tuple[int, int], list[Term]] = {}
-    for term in terms:
-        key = (term.num_subspaces, term.subspace if term.num_subspaces > 1 else 0)
-        groups.setdefault(key, []).append(term)
-    return list(groups.values())
 
 
 class VectorSpace(ParameterSpace):

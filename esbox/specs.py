@@ -29,6 +29,16 @@ class Perturbation:
         """+1 or -1: the antithetic side of this member."""
         return 1.0 if self.scale >= 0 else -1.0
 
+    def mirrors(self, other: Perturbation) -> bool:
+        """True when this member is ``other``'s antithetic twin: its noise, the opposite scale."""
+        return self.scale == -other.scale and (
+            self.run_seed,
+            self.step,
+            self.seed,
+            self.subspace,
+            self.num_subspaces,
+        ) == (other.run_seed, other.step, other.seed, other.subspace, other.num_subspaces)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -81,3 +91,12 @@ class Update:
             learning_rate=data["learning_rate"],
             optimizer=OptimizerSpec(**data["optimizer"]),
         )
+
+    def subspace_groups(self) -> list[list[Term]]:
+        """The terms grouped by ``(num_subspaces, subspace)`` in first-seen order, order kept
+        within a group: a space masks each group's sum once (subspaces are disjoint)."""
+        groups: dict[tuple[int, int], list[Term]] = {}
+        for term in self.terms:
+            key = (term.num_subspaces, term.subspace if term.num_subspaces > 1 else 0)
+            groups.setdefault(key, []).append(term)
+        return list(groups.values())

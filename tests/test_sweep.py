@@ -1,4 +1,4 @@
-"""Sweeps (members held in turn, one restore), antithetic reflection and the packed partition."""
+"""Sweeps (members held in turn, one restore), antithetic reflection and the partition's masks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from esbox.adapters.testing import tiny_causal_lm
 from esbox.adapters.torch_space import TorchModuleSpace
 from esbox.partition import LayoutPartition, chunk_labels
 from esbox.space import VectorSpace, chunk_layout
-from esbox.specs import Perturbation
+from esbox.specs import Perturbation, Term, Update
 
 
 def members(space, name: str, population: int = 8, **options) -> list[Perturbation]:
@@ -102,6 +102,28 @@ def test_reflection_halves_the_draws_and_lands_within_a_rounding(monkeypatch, na
     for a, b in zip(want[1::2], got[1::2], strict=True):
         assert np.all(np.abs(a - b) <= tolerance)
     assert np.array_equal(reflected.vector, x0.astype(np.float32))
+
+
+def test_a_twin_mirrors_only_its_partner() -> None:
+    plus = Perturbation(run_seed=1, step=2, seed=3, scale=0.5, subspace=1, num_subspaces=4)
+    minus = Perturbation(run_seed=1, step=2, seed=3, scale=-0.5, subspace=1, num_subspaces=4)
+    assert minus.mirrors(plus) and plus.mirrors(minus)
+    assert not plus.mirrors(plus)  # the same side
+    for change in ({"seed": 4}, {"step": 3}, {"run_seed": 2}, {"subspace": 2}, {"scale": -0.4}):
+        other = Perturbation(**{**minus.to_dict(), **change})
+        assert not other.mirrors(plus), change
+
+
+def test_update_terms_group_by_subspace_in_first_seen_order() -> None:
+    terms = (
+        Term(seed=1, coefficient=1.0, subspace=2, num_subspaces=4),
+        Term(seed=2, coefficient=1.0, subspace=0, num_subspaces=4),
+        Term(seed=3, coefficient=1.0, subspace=2, num_subspaces=4),
+        Term(seed=4, coefficient=1.0, subspace=5, num_subspaces=1),  # no mask: subspace ignored
+        Term(seed=5, coefficient=1.0, subspace=0, num_subspaces=1),
+    )
+    groups = Update(run_seed=0, step=0, terms=terms, learning_rate=0.1).subspace_groups()
+    assert [[t.seed for t in group] for group in groups] == [[1, 3], [2], [4, 5]]
 
 
 def test_reflection_needs_the_twin_right_after_its_partner() -> None:
