@@ -122,35 +122,25 @@ class LayoutPartition:
         step: int,
         num_subspaces: int,
         subspace: int,
+        *,
+        shared: bool = True,
     ) -> torch.Tensor:
-        """fp32 0/1 mask of ``subspace`` over chunk ``position`` on ``device``: a view of the
-        subspace's mask over the whole pattern, compared once and shared by every chunk (valid
-        until the next call for another subspace or step). For a sweep over chunks."""
+        """fp32 0/1 mask of ``subspace`` over chunk ``position`` on ``device``, read-only and
+        valid until the next call. ``shared``: a view of the subspace's mask over the whole
+        pattern, compared once and read by every chunk (a sweep over one member's chunks);
+        otherwise the chunk's window alone is compared (an update, which visits every
+        subspace at each chunk)."""
         pattern, windows = self.draw(run_seed, step, num_subspaces, device)
         buffer = self._buffer(device, pattern.numel())
+        start, numel = windows[position], self.chunks[position].numel
+        if not shared:
+            self._mask_holds[device] = None
+            return torch.eq(pattern[start : start + numel], subspace, out=buffer[:numel])
         holds = (run_seed, step, num_subspaces, subspace)
         if self._mask_holds.get(device) != holds:
             torch.eq(pattern, subspace, out=buffer[: pattern.numel()])
             self._mask_holds[device] = holds
-        start = windows[position]
-        return buffer[start : start + self.chunks[position].numel]
-
-    def chunk_mask(
-        self,
-        position: int,
-        device: torch.device,
-        run_seed: int,
-        step: int,
-        num_subspaces: int,
-        subspace: int,
-    ) -> torch.Tensor:
-        """The same mask compared over the chunk's window alone (valid until the next call):
-        for a caller that visits every subspace at each chunk, as an update does."""
-        pattern, windows = self.draw(run_seed, step, num_subspaces, device)
-        buffer = self._buffer(device, pattern.numel())
-        self._mask_holds[device] = None
-        start, numel = windows[position], self.chunks[position].numel
-        return torch.eq(pattern[start : start + numel], subspace, out=buffer[:numel])
+        return buffer[start : start + numel]
 
     def _buffer(self, device: torch.device, numel: int) -> torch.Tensor:
         """The device's fp32 mask buffer, at least ``numel`` long (allocated once per size)."""

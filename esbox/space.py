@@ -160,14 +160,24 @@ class ParameterSpace:
         )
 
     def _mask(
-        self, chunk_position: int, run_seed: int, step: int, spec: Term | Perturbation
+        self,
+        chunk_position: int,
+        run_seed: int,
+        step: int,
+        spec: Term | Perturbation,
+        shared: bool = True,
     ) -> torch.Tensor:
-        """fp32 0/1 mask of ``spec``'s subspace over chunk ``chunk_position``: a view of the
-        subspace's mask over the step's whole pattern (read-only, valid until the next call
-        for another subspace). For visiting the chunks of one member."""
+        """fp32 0/1 mask of ``spec``'s subspace over chunk ``chunk_position`` (read-only; see
+        ``LayoutPartition.mask`` for ``shared``)."""
         device = self._flat[self.chunks[chunk_position].tensor_index].device
         return self._partition.mask(
-            chunk_position, device, run_seed, step, spec.num_subspaces, spec.subspace
+            chunk_position,
+            device,
+            run_seed,
+            step,
+            spec.num_subspaces,
+            spec.subspace,
+            shared=shared,
         )
 
     def _directions(
@@ -295,15 +305,8 @@ class ParameterSpace:
                 for term in terms:
                     acc.add_(next(stream).to(acc_dtype), alpha=term.coefficient)
                 if masked:  # subspaces are disjoint: mask a subspace's sum once, not each term
-                    spec = terms[0]  # every subspace at each chunk: compare the window alone
-                    mask = self._partition.chunk_mask(
-                        position,
-                        flat.device,
-                        update.run_seed,
-                        update.step,
-                        spec.num_subspaces,
-                        spec.subspace,
-                    )
+                    # every subspace at each chunk: compare the chunk's window alone
+                    mask = self._mask(position, update.run_seed, update.step, terms[0], False)
                     grad.add_(acc.mul_(mask))
             delta = self._optimizer.delta(
                 update.optimizer,

@@ -177,8 +177,9 @@ def test_layout_partition_masks_are_the_chunk_labels(k, numels, chunk_size, seed
         labels = chunk_labels(seed, 3, k, c.tensor_index, c.chunk_index, c.numel, span)
         for subspace in {0, k // 2, k - 1}:
             want = (labels == subspace).to(torch.float32)
-            assert torch.equal(partition.chunk_mask(position, cpu, seed, 3, k, subspace), want)
-            # the shared mask is compared again after a chunk mask overwrote its buffer
+            alone = partition.mask(position, cpu, seed, 3, k, subspace, shared=False)
+            assert torch.equal(alone, want)
+            # the shared mask is compared again after a chunk's own overwrote its buffer
             assert torch.equal(partition.mask(position, cpu, seed, 3, k, subspace), want)
 
 
