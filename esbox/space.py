@@ -306,7 +306,9 @@ class ParameterSpace:
                     acc.add_(next(stream).to(acc_dtype), alpha=term.coefficient)
                 if masked:  # subspaces are disjoint: mask a subspace's sum once, not each term
                     # every subspace at each chunk: compare the chunk's window alone
-                    mask = self._mask(position, update.run_seed, update.step, terms[0], False)
+                    mask = self._mask(
+                        position, update.run_seed, update.step, terms[0], shared=False
+                    )
                     grad.add_(acc.mul_(mask))
             delta = self._optimizer.delta(
                 update.optimizer,
