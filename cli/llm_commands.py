@@ -49,7 +49,7 @@ def convert_model(name: str, out: Path | None, overwrite: bool) -> None:
       esbox convert-model smollm2 --out models/smollm2
       esbox evaluate --model models/smollm2 --task arithmetic
     """
-    from esbox.adapters.models import DEFAULT_SMOLLM2_DIR, convert_smollm2
+    from esbox.adapters.models.loading import DEFAULT_SMOLLM2_DIR, convert_smollm2
 
     try:
         path = convert_smollm2(out or DEFAULT_SMOLLM2_DIR, overwrite=overwrite)
@@ -125,10 +125,9 @@ def evaluate_cmd(
         --task '{kind: math, path: train.jsonl, heldout_path: test.jsonl}'
     """
     from esbox.adapters.generation import HFBackend
-    from esbox.adapters.llm import resolve_model_path
-    from esbox.adapters.metrics import evaluate
     from esbox.adapters.models import load_model
-    from esbox.adapters.tasks import load_task
+    from esbox.adapters.problems import resolve_model_path
+    from esbox.adapters.tasks import evaluate, load_task
 
     try:
         task = load_task(parse_task(task_text))
@@ -173,13 +172,11 @@ def memory_settings_from_config(
     """The model, ``estimate_memory`` settings and caveats that a ``kind: llm`` run config
     implies: the rollout batch, weight dtype, CoPES K, chunk, noise and optimizer it trains
     with."""
-    from esbox.adapters.llm import resolve_model_path
-    from esbox.cli.run import resolve_config
-    from esbox.runconfig import apply_overrides, load_yaml, resolve_options
+    from esbox.adapters.problems import load_config, resolve_model_path
+    from esbox.runconfig import resolve_options
 
     with user_errors():
-        raw = apply_overrides(load_yaml(path), overrides)
-    config = resolve_config(raw)
+        config = load_config(path, overrides)
     problem = config.problem
     if problem["kind"] != "llm":
         raise CLIError(f"{path}: esbox memory needs problem.kind: llm, not {problem['kind']!r}")
@@ -275,7 +272,7 @@ def memory_cmd(
     if it is not yet); --batch, --dtype and --subspaces then come from the config (change
     them with --set). The formulas and assumptions are in docs/memory.md.
     """
-    from esbox.adapters.memory import estimate_memory
+    from esbox.adapters.models import estimate_memory
 
     if (model is None) == (config_path is None):
         raise CLIError("give exactly one of --model and --config")

@@ -12,7 +12,6 @@ import os
 import shutil
 import string
 import tempfile
-from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,19 +19,13 @@ from typing import Any
 import click
 
 import esbox
+from esbox.adapters.problems import runs
+from esbox.adapters.problems.runs import Session
 from esbox.cli.errors import CLIError, user_errors
 from esbox.cli.interrupts import guarded
-from esbox.cli.problems import (
-    Problem,
-    build_problem,
-    check_problem,
-    normalize_problem,
-    problem_options,
-)
 from esbox.cli.progress import ProgressBar
-from esbox.registry import make_strategy
-from esbox.runconfig import RunConfig, dumps_yaml, load_yaml, resolve
-from esbox.runner import Budget, Runner
+from esbox.runconfig import RunConfig, dumps_yaml, load_yaml
+from esbox.runner import Runner
 from esbox.strategy import Strategy
 from esbox.tracking import MetricsLogger, jsonable
 
@@ -44,41 +37,22 @@ CHECKPOINTS = "checkpoints"
 PLACEHOLDERS = ("strategy", "problem", "seed", "time")
 
 
-@dataclass
-class Session:
-    """Everything a run needs, built and checked before any file is written."""
-
-    config: RunConfig
-    problem: Problem
-    strategy: Strategy
-    budget: Budget
-
-
 def resolve_config(raw: dict[str, Any]) -> RunConfig:
-    """Validate a raw config; the problem section is made independent of the working dir."""
+    """Validate a raw config (CLIError on bad values)."""
     with user_errors():
-        config = resolve(raw, problem_options())
-        config.problem = normalize_problem(config.problem)
-    return config
+        return runs.resolve_config(raw)
 
 
 def check_strategy(config: RunConfig) -> None:
-    """Build the strategy on a 1-d placeholder: catches bad option combinations cheaply."""
+    """Check the strategy's options and their fit with the problem, before anything loads."""
     with user_errors():
-        strategy = make_strategy(config.strategy, 1, seed=config.seed, **config.options)
-        check_problem(config.problem, strategy)
+        runs.check_strategy(config)
 
 
 def prepare(config: RunConfig) -> Session:
     """Build the problem, strategy and budget of ``config`` (CLIError on bad values)."""
-    check_strategy(config)
     with user_errors():
-        problem = build_problem(config.problem, config.seed)
-        strategy = make_strategy(config.strategy, problem.space, seed=config.seed, **config.options)
-        if problem.attach is not None:
-            problem.attach(strategy)
-        budget = Budget(**asdict(config.budget))
-    return Session(config, problem, strategy, budget)
+        return runs.build_session(config)
 
 
 # -- run directories ----------------------------------------------------------------------------
@@ -155,12 +129,8 @@ def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> 
     """Run (or continue) the session in ``directory``; returns the summary it writes."""
     config = session.config
     logger = MetricsLogger(directory / METRICS_FILE)
-    runner = Runner(
-        session.problem.space,
-        session.strategy,
-        session.problem.evaluator,
-        session.budget,
-        callbacks=[*session.problem.callbacks, logger],
+    runner = session.runner(
+        callbacks=[logger],
         checkpoint_dir=directory / CHECKPOINTS,
         checkpoint_every=config.checkpoint.every,
         keep_checkpoints=config.checkpoint.keep,

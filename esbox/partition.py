@@ -72,7 +72,7 @@ def chunk_labels(
 
 
 class ChunkId(Protocol):
-    """What a partition needs to know of a chunk (``esbox.space.Chunk`` has it)."""
+    """What a partition needs to know of a chunk (``esbox.chunks.Chunk`` has it)."""
 
     tensor_index: int
     chunk_index: int

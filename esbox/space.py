@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from esbox.chunks import Chunk, chunk_layout
 from esbox.errors import ResumeError
 from esbox.noise import (
     DEFAULT_TABLE_SIZE,
@@ -30,34 +30,6 @@ from esbox.specs import Perturbation, Term, Update
 
 DEFAULT_CHUNK_SIZE = 1 << 22
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A contiguous slice ``[start, stop)`` of flat tensor ``tensor_index``."""
-
-    tensor_index: int
-    chunk_index: int
-    start: int
-    stop: int
-    global_start: int
-
-    @property
-    def numel(self) -> int:
-        return self.stop - self.start
-
-
-def chunk_layout(numels: Sequence[int], chunk_size: int) -> list[Chunk]:
-    """Split each tensor into chunks of at most ``chunk_size`` elements (never across tensors)."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    chunks, offset = [], 0
-    for t, numel in enumerate(numels):
-        for c, start in enumerate(range(0, numel, chunk_size)):
-            stop = min(start + chunk_size, numel)
-            chunks.append(Chunk(t, c, start, stop, offset + start))
-        offset += numel
-    return chunks
 
 
 class ParameterSpace:

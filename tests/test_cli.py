@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from esbox.adapters.problems import problem_options
 from esbox.cli import reference
 from esbox.cli.main import cli
-from esbox.cli.problems import problem_options
 from esbox.runconfig import config_reference
 from esbox.tracking import FIELDS, MetricsLogger, read_metrics
 

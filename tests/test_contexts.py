@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import esbox
-from esbox.adapters.llm import LLMProblemOptions, build_llm
-from esbox.adapters.proposers import ModelContextProposer, clean_context, meta_prompt
+from esbox.adapters.models.testing import save_tiny_lm
+from esbox.adapters.problems.llm import LLMProblemOptions, build_llm
 from esbox.adapters.tasks import ArithmeticTask
-from esbox.adapters.testing import save_tiny_lm
+from esbox.adapters.tasks.proposers import ModelContextProposer, clean_context, meta_prompt
 from esbox.checkpoint import latest_checkpoint
 from esbox.cli.main import cli
 from esbox.runner import Budget, Runner

@@ -16,8 +16,8 @@ pytest.importorskip("transformers")
 
 import esbox  # noqa: E402
 from esbox.adapters.generation import HFBackend  # noqa: E402
-from esbox.adapters.testing import char_tokenizer, tiny_causal_lm  # noqa: E402
-from esbox.adapters.torch_space import TorchModuleSpace  # noqa: E402
+from esbox.adapters.models.space import TorchModuleSpace  # noqa: E402
+from esbox.adapters.models.testing import char_tokenizer, tiny_causal_lm  # noqa: E402
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = [pytest.mark.gpu, NO_CUDA]

@@ -8,14 +8,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from esbox.adapters.generation import (  # noqa: E402
-    GenerationBackend,
-    HFBackend,
-    common_prefix_len,
-    truncate_at_stop,
-)
-from esbox.adapters.testing import char_tokenizer  # noqa: E402
-from esbox.adapters.testing import tiny_causal_lm as tiny_model  # noqa: E402
+from esbox.adapters.generation import GenerationBackend, HFBackend  # noqa: E402
+from esbox.adapters.generation.backend import common_prefix_len, truncate_at_stop  # noqa: E402
+from esbox.adapters.models.testing import char_tokenizer  # noqa: E402
+from esbox.adapters.models.testing import tiny_causal_lm as tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ pytest.importorskip("tokenizers")
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from esbox.adapters.testing import save_tiny_lm
+from esbox.adapters.models.testing import save_tiny_lm
 from esbox.cli.main import cli
 
 
@@ -150,7 +150,7 @@ def test_memory_config_errors_name_what_to_do(tiny_lm, tmp_path):
 
 
 def test_memory_without_transformers_is_a_clear_error(tiny_lm, monkeypatch):
-    from esbox.adapters import model_shapes
+    from esbox.adapters.models import shapes as model_shapes
 
     def missing():
         raise ImportError("esbox's LLM adapters need transformers; install the LLM extra")
@@ -165,7 +165,7 @@ def test_memory_without_transformers_is_a_clear_error(tiny_lm, monkeypatch):
 
 
 def test_noise_table_size_reaches_the_space_and_must_hold_a_chunk(tiny_lm, tmp_path):
-    from esbox.adapters.llm import LLMProblemOptions, build_llm
+    from esbox.adapters.problems.llm import LLMProblemOptions, build_llm
 
     options = LLMProblemOptions(
         model=str(tiny_lm),
@@ -179,3 +179,28 @@ def test_noise_table_size_reaches_the_space_and_must_hold_a_chunk(tiny_lm, tmp_p
     result = invoke(*args, "--set", "problem.chunk_size=8192", "--set", "problem.table_size=4096")
     assert result.exit_code == 2
     assert "problem.table_size (4096) must be at least problem.chunk_size (8192)" in result.output
+
+
+def test_load_run_builds_the_example_config_exactly_as_the_cli_does(tiny_lm, tmp_path):
+    """A Python user gets the CLI's problem from the same YAML: same weights after the run."""
+    from esbox.adapters.problems import load_run
+    from esbox.adapters.tasks import RolloutEvaluator
+
+    sets = [
+        f"problem.model={tiny_lm}",
+        "problem.task={kind: arithmetic, train_size: 20, heldout_size: 4}",
+        "problem.batch_size=2",
+        "problem.validation_every=0",
+        "options.population=4",
+        "budget.max_steps=2",
+    ]
+    session = load_run(EXAMPLE, sets)
+    assert isinstance(session.problem.evaluator, RolloutEvaluator)
+    assert session.strategy.name == "copes" and session.strategy.options.subspaces == 4
+    assert session.runner().run() == "max_steps"
+    flags = [item for s in sets for item in ("--set", s)]
+    result = invoke("optimize", "-q", "-c", str(EXAMPLE), "--out", str(tmp_path / "cli"), *flags)
+    assert result.exit_code == 0, result.output
+    saved = load_file(str(tmp_path / "cli" / "model" / "model.safetensors"))
+    ours = session.problem.space.module.state_dict()
+    assert saved and all((ours[k] == saved[k]).all() for k in saved)

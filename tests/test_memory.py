@@ -8,17 +8,14 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from esbox.adapters.memory import (  # noqa: E402
-    ES,
-    GRPO,
-    LORA,
+from esbox.adapters.models.memory import ES, GRPO, LORA, estimate_memory  # noqa: E402
+from esbox.adapters.models.shapes import (  # noqa: E402
     LORA_TARGETS,
-    estimate_memory,
+    _count_closed_form,
     model_shape,
     parse_context,
 )
-from esbox.adapters.model_shapes import _count_closed_form  # noqa: E402
-from esbox.adapters.torch_space import MODEL_CHUNK_SIZE  # noqa: E402
+from esbox.adapters.models.space import MODEL_CHUNK_SIZE  # noqa: E402
 from esbox.noise import DEFAULT_TABLE_SIZE  # noqa: E402
 from esbox.partition import pattern_length  # noqa: E402
 
@@ -117,7 +114,7 @@ def test_partition_pattern_is_a_byte_a_label_up_to_256_subspaces(k, size):
 def test_pattern_estimate_matches_what_a_real_space_keeps(k):
     import torch
 
-    from esbox.adapters.torch_space import TorchModuleSpace
+    from esbox.adapters.models.space import TorchModuleSpace
 
     model = real_model(tiny_config())
     space = TorchModuleSpace(model, chunk_size=1000)
@@ -248,11 +245,13 @@ def test_bad_options_raise_value_error():
         estimate_memory(tiny_config(), context=16, chunk_size=0)
 
 
-def test_public_names_stay_importable_from_memory():
-    from esbox.adapters import memory, model_shapes
+def test_public_names_are_importable_from_the_models_room():
+    from esbox.adapters import models
+    from esbox.adapters.models import memory, shapes
 
-    for name in ("model_shape", "parse_context", "load_config", "dtype_bytes", "ModelShape"):
-        assert getattr(memory, name) is getattr(model_shapes, name)
+    assert models.estimate_memory is memory.estimate_memory
+    for name in ("model_shape", "parse_context"):
+        assert getattr(models, name) is getattr(shapes, name)
 
 
 def test_markdown_table_names_every_method_and_the_host_backup():

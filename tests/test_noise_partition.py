@@ -8,6 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from esbox.chunks import chunk_layout
 from esbox.noise import NOISE_DTYPE, chunk_noise, derive_seed
 from esbox.partition import (
     chunk_labels,
@@ -16,7 +17,7 @@ from esbox.partition import (
     pattern_length,
     step_pattern,
 )
-from esbox.space import ParameterSpace, VectorSpace, chunk_layout
+from esbox.space import ParameterSpace, VectorSpace
 from esbox.specs import Perturbation
 
 seeds = st.integers(0, 2**62)

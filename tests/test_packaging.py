@@ -27,11 +27,13 @@ def test_wheel_holds_the_namespaced_packages_and_no_top_level_strays(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for module in (
         "esbox/strategies/copes.py",
-        "esbox/adapters/functions.py",
+        "esbox/adapters/functions/catalog.py",
         "esbox/cli/main.py",
         "esbox/py.typed",
     ):
         assert module in names
+    for init in (ROOT / "adapters").rglob("__init__.py"):  # every room is listed in pyproject
+        assert f"esbox/adapters/{init.relative_to(ROOT / 'adapters').as_posix()}" in names
     top = {n.split("/")[0] for n in names}
     assert not top & {"strategies", "adapters", "cli", "tests"}, top
 

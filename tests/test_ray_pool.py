@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 
 import esbox  # noqa: E402
 from esbox.adapters.functions import get_function  # noqa: E402
-from esbox.adapters.ray_pool import (  # noqa: E402
+from esbox.adapters.scale import (  # noqa: E402
     PoolError,
     RayPool,
     VectorReplica,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from esbox.cli.problems import problem_options
+from esbox.adapters.problems import problem_options
 from esbox.errors import ConfigError
 from esbox.runconfig import (
     BudgetConfig,

@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 
 import esbox
 import esbox.noise
-from esbox.adapters.testing import tiny_causal_lm
-from esbox.adapters.torch_space import TorchModuleSpace
+from esbox.adapters.models.space import TorchModuleSpace
+from esbox.adapters.models.testing import tiny_causal_lm
+from esbox.chunks import chunk_layout
 from esbox.partition import LayoutPartition, chunk_labels
-from esbox.space import VectorSpace, chunk_layout
+from esbox.space import VectorSpace
 from esbox.specs import Perturbation, Term, Update
 
 

@@ -14,33 +14,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from esbox.adapters import metrics
-from esbox.adapters.metrics import (
-    accuracy,
-    evaluate,
-    exact_match,
-    fallback_match,
-    first_integer,
-    gsm8k_final_answer,
-    last_boxed,
-    mean_pass_at_k,
-    mean_reward,
-    pass_at_k,
-    summarize,
-    token_f1,
-)
 from esbox.adapters.tasks import (
     ArithmeticTask,
     Example,
     MathTask,
     QATask,
     Task,
+    answers,
     load_task,
-    read_rows,
+)
+from esbox.adapters.tasks.answers import (
+    exact_match,
+    fallback_match,
+    first_integer,
+    gsm8k_final_answer,
+    last_boxed,
+    token_f1,
+)
+from esbox.adapters.tasks.base import read_rows
+from esbox.adapters.tasks.metrics import (
+    accuracy,
+    evaluate,
+    mean_pass_at_k,
+    mean_reward,
+    pass_at_k,
+    summarize,
 )
 
 needs_math_verify = pytest.mark.skipif(
-    not metrics.math_verify_available(), reason="math-verify not installed"
+    not answers.math_verify_available(), reason="math-verify not installed"
 )
 
 MATH_ROWS = [
@@ -174,7 +176,7 @@ def test_fallback_match(completion, gold, ok):
     ],
 )
 def test_math_verify_match(completion, gold, ok):
-    assert metrics.math_verify_match(completion, gold) is ok
+    assert answers.math_verify_match(completion, gold) is ok
 
 
 @pytest.mark.parametrize("use_mv", [False, pytest.param(True, marks=needs_math_verify)])

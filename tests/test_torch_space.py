@@ -11,10 +11,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import esbox  # noqa: E402
-from esbox.adapters.rollouts import RolloutEvaluator  # noqa: E402
+from esbox.adapters.models.space import TorchModuleSpace  # noqa: E402
+from esbox.adapters.models.testing import tiny_causal_lm  # noqa: E402
 from esbox.adapters.tasks import ArithmeticTask  # noqa: E402
-from esbox.adapters.testing import tiny_causal_lm  # noqa: E402
-from esbox.adapters.torch_space import TorchModuleSpace  # noqa: E402
+from esbox.adapters.tasks.rollouts import RolloutEvaluator  # noqa: E402
 from esbox.noise import chunk_noise  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -21,11 +21,11 @@ pytest.importorskip(
 import torch
 
 import esbox
-from esbox.adapters.rollouts import RolloutEvaluator
+from esbox.adapters.generation.vllm_driver import VLLMBackend, VLLMSpace, make_llm
+from esbox.adapters.models.space import TorchModuleSpace
+from esbox.adapters.models.testing import char_tokenizer, tiny_causal_lm
 from esbox.adapters.tasks import ArithmeticTask
-from esbox.adapters.testing import char_tokenizer, tiny_causal_lm
-from esbox.adapters.torch_space import TorchModuleSpace
-from esbox.adapters.vllm_backend import VLLMBackend, VLLMSpace, make_llm
+from esbox.adapters.tasks.rollouts import RolloutEvaluator
 from esbox.specs import OptimizerSpec, Perturbation, Term, Update
 
 PROMPTS = ["Hello", [{"role": "user", "content": "What is 2 + 2?"}], "abc"]

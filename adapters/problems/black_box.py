@@ -1,12 +1,5 @@
-"""Problem kinds of the run config: ``problem.kind`` -> options dataclass + factory.
-
-A factory turns the resolved options and the run seed into a ``Problem``: the parameter space,
-the evaluator, a label, and a ``save`` hook writing the best parameters into the run
-directory. Adding a kind (e.g. ``llm``) is one options dataclass and one function decorated
-with ``@problem_kind``; heavy imports belong inside the factory. A kind may also ``check`` its
-section against the strategy (cheaply, before anything loads), and a Problem may ``attach``
-itself to the built strategy (e.g. to read the strategy's current contexts).
-"""
+"""Problem kinds over a vector: ``function`` (a built-in benchmark function) and ``callable``
+(any Python function named as ``module:function`` or ``file.py:function``)."""
 
 from __future__ import annotations
 
@@ -14,97 +7,21 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from esbox.adapters.functions import FUNCTIONS, get_function
-from esbox.adapters.llm import LLMProblemOptions
 from esbox.config import option
 from esbox.errors import ConfigError
-from esbox.evaluation import Evaluator, FunctionEvaluator
-from esbox.space import ParameterSpace, VectorSpace
-from esbox.strategy import Strategy
+from esbox.evaluation import FunctionEvaluator
+from esbox.space import VectorSpace
+
+from .registry import Problem, problem_kind
 
 DTYPES = ("float32", "float64")
-
-
-@dataclass
-class Problem:
-    """What one run optimizes."""
-
-    space: ParameterSpace
-    evaluator: Evaluator
-    label: str
-    save: Callable[[Path], dict[str, Any]]  # writes best parameters; returns summary fields
-    callbacks: list[Callable[..., Any]] = field(default_factory=list)  # run before the logger
-    attach: Callable[[Strategy], None] | None = None  # connects it to the built strategy
-
-
-@dataclass(frozen=True)
-class ProblemKind:
-    """A registered ``problem.kind``."""
-
-    name: str
-    options: type
-    build: Callable[[Any, int], Problem]
-    help: str
-    normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    check: Callable[[dict[str, Any], Strategy], None] | None = None
-
-
-PROBLEM_KINDS: dict[str, ProblemKind] = {}
-
-
-def problem_kind(
-    name: str,
-    options: type,
-    help: str,
-    normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    check: Callable[[dict[str, Any], Strategy], None] | None = None,
-) -> Callable[[Callable[[Any, int], Problem]], Callable[[Any, int], Problem]]:
-    """Register ``build(options, seed) -> Problem`` as ``problem.kind: name``."""
-
-    def decorate(build: Callable[[Any, int], Problem]) -> Callable[[Any, int], Problem]:
-        if name in PROBLEM_KINDS:
-            raise ValueError(f"problem kind '{name}' is already registered")
-        PROBLEM_KINDS[name] = ProblemKind(name, options, build, help, normalize, check)
-        return build
-
-    return decorate
-
-
-def problem_options() -> dict[str, type]:
-    """The options dataclass of every problem kind (for ``esbox.runconfig.resolve``)."""
-    return {name: kind.options for name, kind in PROBLEM_KINDS.items()}
-
-
-def normalize_problem(problem: dict[str, Any]) -> dict[str, Any]:
-    """A resolved problem section made independent of the working directory."""
-    kind = PROBLEM_KINDS[problem["kind"]]
-    return kind.normalize(dict(problem)) if kind.normalize else dict(problem)
-
-
-def check_problem(problem: dict[str, Any], strategy: Strategy) -> None:
-    """Check a resolved problem section against the strategy; ConfigError names the key."""
-    kind = PROBLEM_KINDS[problem["kind"]]
-    if kind.check:
-        kind.check(problem, strategy)
-
-
-def build_problem(problem: dict[str, Any], seed: int) -> Problem:
-    """The Problem of a resolved problem section; bad values raise ConfigError."""
-    kind = PROBLEM_KINDS[problem["kind"]]
-    options = kind.options(**{k: v for k, v in problem.items() if k != "kind"})
-    try:
-        return kind.build(options, seed)
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(f"problem: {exc}") from None
-
 
 # -- vectors ------------------------------------------------------------------------------------
 def _vector(value: Any, dimension: int | None, key: str) -> np.ndarray:
@@ -248,51 +165,3 @@ def _callable(options: CallableProblem, seed: int) -> Problem:
     )
     label = f"{options.target.rpartition('/')[2]}(d={x0.size})"
     return Problem(space, evaluator, label, _vector_save(space, evaluator))
-
-
-# -- kind: llm ----------------------------------------------------------------------------------
-def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
-    """A local model directory is saved as an absolute path, so the config runs from anywhere."""
-    model = Path(str(problem["model"])).expanduser()
-    if model.exists():
-        problem["model"] = str(model.resolve())
-    return problem
-
-
-def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
-    """A noise table holds a whole chunk; a context proposer needs a strategy co-evolving at
-    least two contexts."""
-    if problem["noise"] == "table" and problem["table_size"] < problem["chunk_size"]:
-        raise ConfigError(
-            f"problem.table_size ({problem['table_size']}) must be at least problem.chunk_size "
-            f"({problem['chunk_size']}): each chunk's noise is one window of the table"
-        )
-    if problem["context_proposer"] == "none":
-        return
-    contexts = getattr(strategy, "contexts", None)
-    if contexts is None:
-        raise ConfigError(
-            f"problem.context_proposer: strategy {strategy.name} does not co-evolve contexts; "
-            f"use strategy esopt with options.contexts"
-        )
-    if len(contexts) < 2:
-        raise ConfigError(
-            f"problem.context_proposer needs at least 2 options.contexts (the best is kept, "
-            f"the worst replaced), got {len(contexts)}"
-        )
-
-
-@problem_kind(
-    "llm",
-    LLMProblemOptions,
-    "ES post-training of a causal LM on a task",
-    normalize=_llm_normalize,
-    check=_llm_check,
-)
-def _llm(options: Any, seed: int) -> Problem:
-    from esbox.adapters.llm import build_llm
-
-    run = build_llm(options, seed)
-    task = options.task.get("kind", "task") if isinstance(options.task, dict) else "task"
-    label = f"{Path(str(options.model)).name} on {task}"
-    return Problem(run.space, run.evaluator, label, run.save, list(run.callbacks), run.attach)

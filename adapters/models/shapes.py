@@ -1,6 +1,6 @@
 """Model shapes from a transformers config: sizes, exact parameter counts, LoRA targets.
 
-What the memory estimate (``esbox.adapters.memory``) needs from a model, read from a local
+What the memory estimate (``esbox.adapters.models.memory``) needs from a model, read from a local
 folder, a ``config.json``, a dict or a ``PretrainedConfig``: nothing is downloaded and no weight
 is allocated (parameters are counted on the ``meta`` device). Also the parsing of the
 estimate's inputs: context lengths (``"128k"``) and dtypes (``"bf16"``).
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .models import require_transformers
+from .loading import require_transformers
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16"}

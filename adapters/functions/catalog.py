@@ -14,14 +14,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "FUNCTIONS",
-    "BenchmarkFunction",
-    "get_function",
-    "make_function",
-    "rotate",
-]
-
 Kernel = Callable[..., np.ndarray]
 Shift = np.ndarray | int | None
 

@@ -10,7 +10,7 @@ import math
 import zlib
 from collections.abc import Sequence
 
-from .generation import GenerationBackend, Prompt
+from esbox.adapters.generation.backend import GenerationBackend, Prompt
 
 SYSTEM = (
     "You improve the instructions (system prompt) given to an AI assistant. Instructions are "

@@ -2,19 +2,19 @@
 
 Three parts (DESIGN §6):
 
-* :class:`~esbox.adapters.vllm_worker.EsboxWorkerExtension`, the vLLM *worker extension*
+* :class:`~esbox.adapters.generation.vllm_worker.EsboxWorkerExtension`, the vLLM *worker extension*
   (its own module, which vLLM imports in every worker): a parameter space over the worker's
   model behind ``esbox_*`` RPC methods.
 * :class:`VLLMSpace`, the driver-side space: the interface the esbox ``Runner`` and the
   rollout evaluator use (``sweep``, ``perturbed``, ``apply``, ``state_dict``,
   ``load_state_dict``, ``dimension``, ``chunks``, ``names``), each call one RPC.
-* :class:`VLLMBackend`, a :class:`~esbox.adapters.generation.GenerationBackend` that runs
+* :class:`VLLMBackend`, a :class:`~esbox.adapters.generation.backend.GenerationBackend` that runs
   batched greedy or seeded sampling through ``SamplingParams`` (max tokens, stop strings).
 
 Weights are edited in place, so storage addresses never change (CUDA graphs captured by
 vLLM keep pointing at the live weights), and prefix caching must be off: cached KV blocks
-would belong to the weights of another member. :func:`make_llm` sets both up. The noise
-layout (``layout="hf"`` or ``"vllm"``) is described in :mod:`esbox.adapters.vllm_worker`.
+would belong to the weights of another member. :func:`make_llm` sets both up. The noise layout
+(``layout="hf"`` or ``"vllm"``) is described in :mod:`.vllm_tensors`.
 
 Tensor and pipeline parallelism (a model sharded across workers) are not supported yet.
 """
@@ -28,23 +28,16 @@ from typing import Any
 
 import torch
 
+from esbox.adapters.models.space import MODEL_CHUNK_SIZE
+from esbox.chunks import Chunk, chunk_layout
 from esbox.noise import DEFAULT_TABLE_SIZE, derive_seed
-from esbox.space import Chunk, chunk_layout
 from esbox.specs import Perturbation, Update
 
-from .generation import Prompt, TemplatedPrompts, truncate_at_stop
-from .torch_space import MODEL_CHUNK_SIZE
-from .vllm_worker import (
-    LAYOUTS,
-    WORKER_EXTENSION,
-    EsboxWorkerExtension,
-    logical_tensors,
-    pack_tensors,
-    raise_reported,
-    require_vllm,
-    unpack_tensors,
-    use_live_cpu_weights,
-)
+from .backend import Prompt, TemplatedPrompts, truncate_at_stop
+from .vllm_cpu import require_vllm, use_live_cpu_weights
+from .vllm_rpc import pack_tensors, raise_reported, unpack_tensors
+from .vllm_tensors import LAYOUTS
+from .vllm_worker import WORKER_EXTENSION
 
 
 def make_llm(model: str, **kwargs: Any) -> Any:
@@ -76,7 +69,7 @@ class VLLMSpace:
     evaluators use it; each call sends spec dicts over ``collective_rpc``. The options
     (``include``/``exclude`` globs on tensor names, ``chunk_size``, ``backup_device``,
     ``noise``, ``table_size``, ``reflect_antithetic``) mean what they mean on
-    :class:`~esbox.adapters.torch_space.TorchModuleSpace`; ``layout`` picks the tensors
+    :class:`~esbox.adapters.models.space.TorchModuleSpace`; ``layout`` picks the tensors
     the noise is defined over (see the module docstring).
     """
 
@@ -273,13 +266,3 @@ class VLLMBackend(TemplatedPrompts):
         }
         return texts
 
-
-__all__ = [
-    "WORKER_EXTENSION",
-    "EsboxWorkerExtension",
-    "VLLMBackend",
-    "VLLMSpace",
-    "logical_tensors",
-    "make_llm",
-    "use_live_cpu_weights",
-]

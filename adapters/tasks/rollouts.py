@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from esbox.adapters.generation.backend import GenerationBackend
 from esbox.space import ParameterSpace
 from esbox.specs import Perturbation
 
-from .generation import GenerationBackend
+from .base import Example, Task
 from .metrics import evaluate
-from .tasks import Example, Task
 
 
 class RolloutEvaluator:

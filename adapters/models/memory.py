@@ -14,7 +14,7 @@ from typing import Any
 from esbox.noise import DEFAULT_TABLE_SIZE, NOISE_MODES
 from esbox.partition import label_dtype, pattern_length
 
-from .model_shapes import (
+from .shapes import (
     DTYPE_BYTES,
     LORA_TARGETS,
     ModelShape,
@@ -24,26 +24,7 @@ from .model_shapes import (
     model_shape,
     parse_context,
 )
-from .torch_space import MODEL_CHUNK_SIZE
-
-__all__ = [
-    "ATTENTION",
-    "DTYPE_BYTES",
-    "ES",
-    "GRPO",
-    "LORA",
-    "LORA_TARGETS",
-    "Item",
-    "MemoryEstimate",
-    "MethodMemory",
-    "ModelShape",
-    "dtype_bytes",
-    "estimate_memory",
-    "format_bytes",
-    "load_config",
-    "model_shape",
-    "parse_context",
-]
+from .space import MODEL_CHUNK_SIZE
 
 ATTENTION = ("flash", "eager")
 ES, GRPO, LORA = "es", "grpo", "lora"  # MemoryEstimate.method keys

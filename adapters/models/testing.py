@@ -9,7 +9,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from .models import require_transformers
+from .loading import require_transformers
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (

@@ -1,4 +1,4 @@
-"""ES post-training of a causal LM, assembled from its parts: model, weight space, task, backend.
+"""Problem kind ``llm``: ES post-training of a causal LM, wired from the rooms below this one.
 
 ``LLMProblemOptions`` is the ``problem:`` section of an ``kind: llm`` run config; ``build_llm``
 turns it into the weight space, the rollout evaluator, the held-out validation callback,
@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from esbox.adapters.models.space import MODEL_CHUNK_SIZE
 from esbox.config import option
+from esbox.errors import ConfigError
 from esbox.noise import DEFAULT_TABLE_SIZE
+from esbox.strategy import Strategy
 
-from .torch_space import MODEL_CHUNK_SIZE
+from .registry import Problem, problem_kind
 
 SHIPPED_MODEL = "smollm2"
 
@@ -105,7 +108,7 @@ class LLMRun:
 def resolve_model_path(model: str) -> str:
     """The directory (or hub name) to load: 'smollm2' converts the shipped model once."""
     if model == SHIPPED_MODEL:
-        from .models import convert_smollm2
+        from esbox.adapters.models.loading import convert_smollm2
 
         return str(convert_smollm2())
     return model
@@ -115,12 +118,12 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     """Load the model, select its weights, and wire task, backend, evaluator and validation."""
     import torch
 
-    from .generation import HFBackend
-    from .models import load_model
-    from .proposers import ModelContextProposer
-    from .rollouts import HeldoutValidation, RolloutEvaluator
-    from .tasks import load_task
-    from .torch_space import TorchModuleSpace
+    from esbox.adapters.generation.hf import HFBackend
+    from esbox.adapters.models.loading import load_model
+    from esbox.adapters.models.space import TorchModuleSpace
+    from esbox.adapters.tasks.loading import load_task
+    from esbox.adapters.tasks.proposers import ModelContextProposer
+    from esbox.adapters.tasks.rollouts import HeldoutValidation, RolloutEvaluator
 
     task = load_task(options.task)  # first: a bad task option fails before the model loads
     if options.threads:
@@ -176,3 +179,49 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         return {"model": str(out)}
 
     return LLMRun(space, evaluator, callbacks, save, model, tokenizer, task, proposer)
+
+
+# -- kind: llm ----------------------------------------------------------------------------------
+def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
+    """A local model directory is saved as an absolute path, so the config runs from anywhere."""
+    model = Path(str(problem["model"])).expanduser()
+    if model.exists():
+        problem["model"] = str(model.resolve())
+    return problem
+
+
+def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
+    """A noise table holds a whole chunk; a context proposer needs a strategy co-evolving at
+    least two contexts."""
+    if problem["noise"] == "table" and problem["table_size"] < problem["chunk_size"]:
+        raise ConfigError(
+            f"problem.table_size ({problem['table_size']}) must be at least problem.chunk_size "
+            f"({problem['chunk_size']}): each chunk's noise is one window of the table"
+        )
+    if problem["context_proposer"] == "none":
+        return
+    contexts = getattr(strategy, "contexts", None)
+    if contexts is None:
+        raise ConfigError(
+            f"problem.context_proposer: strategy {strategy.name} does not co-evolve contexts; "
+            f"use strategy esopt with options.contexts"
+        )
+    if len(contexts) < 2:
+        raise ConfigError(
+            f"problem.context_proposer needs at least 2 options.contexts (the best is kept, "
+            f"the worst replaced), got {len(contexts)}"
+        )
+
+
+@problem_kind(
+    "llm",
+    LLMProblemOptions,
+    "ES post-training of a causal LM on a task",
+    normalize=_llm_normalize,
+    check=_llm_check,
+)
+def _llm(options: LLMProblemOptions, seed: int) -> Problem:
+    run = build_llm(options, seed)
+    task = options.task.get("kind", "task") if isinstance(options.task, dict) else "task"
+    label = f"{Path(str(options.model)).name} on {task}"
+    return Problem(run.space, run.evaluator, label, run.save, list(run.callbacks), run.attach)

@@ -1,0 +1,186 @@
+"""vLLM worker side of the vLLM backend: a parameter space over the weights in a vLLM worker.
+
+:class:`EsboxWorkerExtension` is a vLLM *worker extension* (``vllm.LLM(...,
+worker_extension_cls=WORKER_EXTENSION)``). In each worker it builds a parameter space over the
+worker's model and exposes ``esbox_*`` methods that ``llm.collective_rpc`` calls. Only spec
+dicts (seeds and scalars) cross the wire; the noise is regenerated in the worker. The driver
+side (:mod:`esbox.adapters.generation.vllm_driver`) holds ``VLLMSpace``, ``VLLMBackend`` and
+``make_llm``; the tensor layouts are in :mod:`.vllm_tensors`. Importing this module (vLLM does,
+to resolve the extension) keeps a CPU worker's linear weights editable
+(:func:`.vllm_cpu.use_live_cpu_weights`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from esbox.adapters.models.space import TorchModuleSpace
+from esbox.space import ParameterSpace
+from esbox.specs import Perturbation, Update
+
+from .vllm_cpu import use_live_cpu_weights
+from .vllm_rpc import digest, pack_tensors, reported, unpack_tensors
+from .vllm_tensors import (
+    NamedTensorSpace,
+    check_not_repacked,
+    hf_parameter_names,
+    logical_tensors,
+    order_like,
+    select,
+)
+
+WORKER_EXTENSION = "esbox.adapters.generation.vllm_worker.EsboxWorkerExtension"
+
+use_live_cpu_weights()
+
+
+class _Feed:
+    """The members of a worker's open sweep: each ``esbox_member`` RPC queues one and
+    advances the space's sweep by one."""
+
+    def __init__(self) -> None:
+        self.pending: list[Perturbation] = []
+
+    def __iter__(self) -> _Feed:
+        return self
+
+    def __next__(self) -> Perturbation:
+        if not self.pending:
+            raise RuntimeError("no member queued")  # pragma: no cover - internal misuse
+        return self.pending.pop(0)
+
+
+# -- the worker extension --------------------------------------------------------------------------
+class EsboxWorkerExtension:
+    """Mixed into each vLLM worker: a parameter space over the worker's model, driven by RPC.
+
+    Every method name starts with ``esbox_`` (vLLM refuses extensions that shadow worker
+    attributes). Arguments and results are plain dicts, lists, strings and numbers, and
+    safetensors bytes for tensors (vLLM's msgpack RPC turns tensors into lists). A worker
+    method's exception comes back as a value that the driver raises again.
+    """
+
+    @reported
+    def esbox_init(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Build the space (replacing any earlier one); returns its tensors' names, shapes,
+        numels and dtypes, their device and the chunk size."""
+        options = dict(options)
+        layout = options.pop("layout", "hf")
+        include = options.pop("include", None)
+        exclude = options.pop("exclude", ())
+        config = self.vllm_config  # type: ignore[attr-defined]
+        parallel = config.parallel_config
+        if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
+            raise NotImplementedError(
+                "esbox's vLLM space needs tensor_parallel_size=1 and pipeline_parallel_size=1"
+            )
+        model = self.get_model()  # type: ignore[attr-defined]
+        if layout == "vllm":
+            check_not_repacked(logical_tensors(model, "vllm"))
+            space: ParameterSpace = TorchModuleSpace(
+                model, include=include, exclude=exclude, **options
+            )
+            named = list(zip(space.names, space._flat, strict=True))
+        else:
+            try:
+                order = hf_parameter_names(config.model_config.hf_config)
+            except Exception as exc:
+                raise ValueError(
+                    f"cannot build the transformers model of this config ({exc}); "
+                    "use layout='vllm' to define the noise per vLLM tensor"
+                ) from exc
+            tensors = order_like(logical_tensors(model, layout), order)
+            named = select(tensors, include, exclude)
+            space = NamedTensorSpace(named, **options)
+        self.esbox_space = space
+        self.esbox_sweep_state: tuple[Any, Iterator[Perturbation], _Feed] | None = None
+        return {
+            "names": [n for n, _ in named],
+            "shapes": [list(t.shape) for _, t in named],
+            "numels": [t.numel() for _, t in named],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+            "device": str(named[0][1].device),
+            "chunk_size": space.chunk_size,
+        }
+
+    def _esbox(self) -> ParameterSpace:
+        space = getattr(self, "esbox_space", None)
+        if space is None:
+            raise RuntimeError("esbox_init has not been called on this worker")
+        return space
+
+    @reported
+    def esbox_begin_sweep(self) -> None:
+        """Back up the weights and open a sweep (members then follow one RPC each)."""
+        if getattr(self, "esbox_sweep_state", None) is not None:
+            raise RuntimeError("a sweep is already open on this worker")
+        feed = _Feed()
+        manager = self._esbox().sweep(feed)  # type: ignore[arg-type]
+        with torch.inference_mode():
+            members = manager.__enter__()
+        self.esbox_sweep_state = (manager, members, feed)
+
+    @reported
+    def esbox_member(self, perturbation: dict[str, Any]) -> None:
+        """Hold the weights at the next member of the open sweep."""
+        state = getattr(self, "esbox_sweep_state", None)
+        if state is None:
+            raise RuntimeError("no sweep is open on this worker")
+        _, members, feed = state
+        feed.pending.append(Perturbation(**perturbation))
+        with torch.inference_mode():
+            next(members)
+
+    @reported
+    def esbox_end_sweep(self) -> bool:
+        """Restore the exact weights and close the sweep; False when none was open."""
+        state = getattr(self, "esbox_sweep_state", None)
+        if state is None:
+            return False
+        self.esbox_sweep_state = None
+        with torch.inference_mode():
+            state[0].__exit__(None, None, None)
+        return True
+
+    @reported
+    def esbox_apply(self, update: dict[str, Any]) -> float:
+        """Apply an update by replay; returns the norm of the change."""
+        with torch.inference_mode():
+            return self._esbox().apply(Update.from_dict(update))
+
+    @reported
+    def esbox_state_dict(self) -> bytes:
+        """The space's state dict as safetensors bytes."""
+        return pack_tensors(self._esbox().state_dict())
+
+    @reported
+    def esbox_load_state_dict(self, data: bytes) -> None:
+        """Load a state dict (safetensors bytes) in place."""
+        with torch.inference_mode():
+            self._esbox().load_state_dict(unpack_tensors(data))
+
+    @reported
+    def esbox_tensors(self, names: list[str] | None = None) -> bytes:
+        """The space's tensors as they are now (all, or those named), flat, as safetensors
+        bytes."""
+        space = self._esbox()
+        wanted = set(names) if names is not None else None
+        return pack_tensors(
+            {
+                n: t
+                for n, t in zip(space.names, space._flat, strict=True)  # type: ignore[attr-defined]
+                if wanted is None or n in wanted
+            }
+        )
+
+    @reported
+    def esbox_checksum(self, scope: str = "model") -> str:
+        """sha256 of the raw bytes of every model parameter (``"model"``) or of the space's
+        tensors (``"space"``)."""
+        if scope == "space":
+            return digest(self._esbox()._flat)
+        model = self.get_model()  # type: ignore[attr-defined]
+        return digest([p for _, p in model.named_parameters()])

@@ -1,0 +1,108 @@
+"""One replica of a pool, inside its Ray actor: a space and an evaluator built by a factory,
+driven by specs; and the picklable factory of a vector replica."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from esbox.evaluation import FunctionEvaluator
+from esbox.space import DEFAULT_CHUNK_SIZE, ParameterSpace, VectorSpace
+from esbox.specs import Perturbation, Update
+
+Replica = tuple[ParameterSpace, Any]
+"""What a factory returns: a space and an evaluator of that space."""
+
+
+@dataclass(frozen=True, eq=False)
+class VectorReplica:
+    """A picklable factory of one ``VectorSpace`` + ``FunctionEvaluator`` replica of ``fn``.
+
+    ``fn`` must pickle (a module-level function or a ``BenchmarkFunction``); the options
+    mean what they mean for ``esbox.optimize``.
+    """
+
+    fn: Callable[[np.ndarray], Any]
+    x0: Any
+    minimize: bool = True
+    batched: bool = False
+    batch_size: int = 64
+    dtype: str = "float64"
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    reflect_antithetic: bool = False
+
+    def __call__(self) -> Replica:
+        space = VectorSpace(self.x0, dtype=self.dtype, chunk_size=self.chunk_size)
+        space.reflect_antithetic = self.reflect_antithetic
+        evaluator = FunctionEvaluator(
+            self.fn, minimize=self.minimize, batched=self.batched, batch_size=self.batch_size
+        )
+        return space, evaluator
+
+
+def state_checksum(space: Any) -> str:
+    """SHA-256 of a space's whole state (parameters, fp32 masters, optimizer state)."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(space.state_dict().items()):
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{key}:{flat.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def best_value(evaluator: Any) -> float | None:
+    value = getattr(evaluator, "best_value", None)
+    return None if value is None else float(value)
+
+
+class ReplicaActor:
+    """One replica inside a Ray actor: built from the factory, driven by specs."""
+
+    def __init__(self, factory: Callable[[], Replica]) -> None:
+        self.space, self.evaluator = factory()
+        if not isinstance(self.space, ParameterSpace):
+            raise TypeError(f"the factory must return (space, evaluator), got {self.space!r}")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "dimension": self.space.dimension,
+            "best_value": best_value(self.evaluator),
+            "where": f"pid {os.getpid()} on {socket.gethostname()}",
+            "pid": os.getpid(),
+        }
+
+    def evaluate(self, members: list[dict[str, Any]]) -> tuple[np.ndarray, float | None]:
+        perturbations = [Perturbation(**m) for m in members]
+        rewards = self.evaluator.evaluate(self.space, perturbations)
+        return np.asarray(rewards, dtype=np.float64).reshape(-1), best_value(self.evaluator)
+
+    def apply(self, update: dict[str, Any]) -> float:
+        return self.space.apply(Update.from_dict(update))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.space.state_dict()
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.space.load_state_dict(tensors)
+
+    def checksum(self) -> str:
+        return state_checksum(self.space)
+
+    def evaluator_state(self) -> dict[str, Any] | None:
+        has = hasattr(self.evaluator, "state_dict")
+        return dict(self.evaluator.state_dict()) if has else None
+
+    def load_evaluator_state(self, state: dict[str, Any]) -> float | None:
+        if hasattr(self.evaluator, "load_state_dict"):
+            self.evaluator.load_state_dict(state)
+        return best_value(self.evaluator)
+
+    def evaluator_attribute(self, name: str) -> Any:
+        return getattr(self.evaluator, name, None)
