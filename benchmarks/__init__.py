@@ -1,0 +1,1 @@
+"""esbox's benchmark suites, run as ``python -m benchmarks <suite> [--quick]``."""
