@@ -14,6 +14,7 @@ from types import ModuleType
 
 SUITES: dict[str, str] = {
     "core": "benchmarks.core",
+    "llm": "benchmarks.llm",
 }
 
 
