@@ -15,12 +15,10 @@ from esbox.noise import DEFAULT_TABLE_SIZE, NOISE_MODES
 from esbox.partition import label_dtype, pattern_length
 
 from .shapes import (
-    DTYPE_BYTES,
     LORA_TARGETS,
     ModelShape,
     canonical_dtype,
     dtype_bytes,
-    load_config,
     model_shape,
     parse_context,
 )
