@@ -66,3 +66,19 @@ def build_strategy(strategy_name: str):
 def x0() -> np.ndarray:
     """A fixed, seeded starting point in 12 dimensions."""
     return np.random.default_rng(1234).normal(size=12)
+
+
+_ESCAPES: dict[str, bool] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count each sandbox escape attempt as contained (its test passed) or not."""
+    if "escape" in report.keywords and (report.when == "call" or report.outcome != "passed"):
+        _ESCAPES[report.nodeid] = _ESCAPES.get(report.nodeid, True) and report.outcome == "passed"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The tally the sandbox's done-criterion asks for: ``sandbox escapes contained: N/N``."""
+    if _ESCAPES:
+        contained = sum(_ESCAPES.values())
+        terminalreporter.write_line(f"sandbox escapes contained: {contained}/{len(_ESCAPES)}")
