@@ -1,4 +1,4 @@
-"""The ``esbox`` command: optimize, resume, report, strategies."""
+"""The ``esbox`` command: optimize, resume, report, strategies, and the LLM commands."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from esbox.cli.optimize import optimize
 from esbox.cli.report import report
 from esbox.cli.resume import resume
 from esbox.cli.strategies_cmd import strategies
+from esbox.cli.trajectories import trajectories
 from esbox.errors import ConfigError, ResumeError
 
 
@@ -38,6 +39,7 @@ def cli() -> None:
       esbox resume RUN_DIR                 # continue an interrupted run
       esbox strategies                     # strategies and their options
       esbox evaluate --model smollm2       # score an LLM on a task
+      esbox trajectories RUN_DIR           # an agent run's conversations
     """
 
 
@@ -48,6 +50,7 @@ cli.add_command(strategies)
 cli.add_command(evaluate_cmd)
 cli.add_command(convert_model)
 cli.add_command(memory_cmd)
+cli.add_command(trajectories)
 
 
 def main() -> None:

@@ -128,6 +128,8 @@ def _write_atomic(path: Path, text: str) -> None:
 def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> dict[str, Any]:
     """Run (or continue) the session in ``directory``; returns the summary it writes."""
     config = session.config
+    if session.problem.start is not None:
+        session.problem.start(directory)
     logger = MetricsLogger(directory / METRICS_FILE)
     runner = session.runner(
         callbacks=[logger],

@@ -14,6 +14,11 @@ Message = Mapping[str, str]
 Prompt = str | Sequence[Message]
 
 
+class RenderedPrompt(str):
+    """Text already rendered by a chat template (e.g. with tools): fed as it is, without the
+    special tokens a plain string prompt gets (the template wrote them)."""
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
     """What an evaluator needs from a generator.
@@ -81,5 +86,5 @@ class TemplatedPrompts:
     def encode(self, prompt: Prompt, prefill: str | None = None) -> list[int]:
         """Token ids of :meth:`render`; special tokens come from the template, not added twice."""
         text = self.render(prompt, prefill)
-        add_special = isinstance(prompt, str)
+        add_special = isinstance(prompt, str) and not isinstance(prompt, RenderedPrompt)
         return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])

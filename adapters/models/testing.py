@@ -70,10 +70,12 @@ def tiny_causal_lm(
     return transformers.AutoModelForCausalLM.from_config(cls(**config)).eval()
 
 
-def save_tiny_lm(directory: str | Path, arch: str = "llama", seed: int = 0) -> Path:
+def save_tiny_lm(
+    directory: str | Path, arch: str = "llama", seed: int = 0, **overrides: Any
+) -> Path:
     """Save a tiny model and its tokenizer as a local HF folder that ``load_model`` reads."""
     tokenizer = char_tokenizer()
-    model = tiny_causal_lm(arch, len(tokenizer), seed)
+    model = tiny_causal_lm(arch, len(tokenizer), seed, **overrides)
     out = Path(directory)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

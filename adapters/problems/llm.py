@@ -55,7 +55,15 @@ class LLMProblemOptions:
         "realise an antithetic twin as 2 theta - x (no second noise draw; "
         "within a rounding of theta - sigma eps)",
     )
-    task: dict = option({"kind": "arithmetic"}, "task: kind arithmetic|math|qa|datasets + options")
+    task: dict = option(
+        {"kind": "arithmetic"},
+        "task: kind arithmetic|math|qa|tool_math|multihop_qa|datasets + options",
+    )
+    agent: dict = option(
+        {},
+        "multi-turn tool use, e.g. {tools: [calculator, python], max_turns: 4} "
+        "(docs/agents.md); empty: single-turn rollouts",
+    )
     batch_size: int = option(16, "prompts per step, shared by all members", minimum=1)
     max_new_tokens: int = option(
         0, "tokens generated per rollout (0: the task's default)", minimum=0
@@ -96,6 +104,7 @@ class LLMRun:
     tokenizer: Any
     task: Any
     proposer: Callable[..., str] | None = None
+    start: Callable[[Path], None] | None = None  # told the run directory before the run
 
     def attach(self, strategy: Any) -> None:
         """Connect the built strategy: rollouts use its current contexts, it gets the proposer."""
@@ -118,6 +127,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     """Load the model, select its weights, and wire task, backend, evaluator and validation."""
     import torch
 
+    from esbox.adapters.agents.config import agent_options, build_agent
     from esbox.adapters.generation.hf import HFBackend
     from esbox.adapters.models.loading import load_model
     from esbox.adapters.models.space import TorchModuleSpace
@@ -125,7 +135,8 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     from esbox.adapters.tasks.proposers import ModelContextProposer
     from esbox.adapters.tasks.rollouts import HeldoutValidation, RolloutEvaluator
 
-    task = load_task(options.task)  # first: a bad task option fails before the model loads
+    task = load_task(options.task)  # first: bad task or agent options fail before the model loads
+    agent = agent_options(options.agent) if options.agent else None
     if options.threads:
         torch.set_num_threads(options.threads)
     model, tokenizer = load_model(
@@ -142,14 +153,28 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         reflect_antithetic=options.reflect_antithetic,
     )
     backend = HFBackend(model, tokenizer)
-    evaluator = RolloutEvaluator(
-        task,
-        backend,
-        batch_size=options.batch_size,
-        seed=seed,
-        max_new_tokens=options.max_new_tokens or None,
-        greedy=options.greedy,
-    )
+    validation = {
+        "every": options.validation_every,
+        "limit": options.validation_limit or None,
+        "num_samples": options.validation_samples,
+    }
+    start = None
+    if agent is not None:
+        parts = build_agent(
+            agent, task, backend, seed=seed, batch_size=options.batch_size,
+            greedy=options.greedy, validation=validation if options.validation_every else None,
+        )  # fmt: skip
+        evaluator, checker, start = parts.evaluator, parts.validation, parts.start
+    else:
+        evaluator = RolloutEvaluator(
+            task,
+            backend,
+            batch_size=options.batch_size,
+            seed=seed,
+            max_new_tokens=options.max_new_tokens or None,
+            greedy=options.greedy,
+        )
+        checker = HeldoutValidation(task, backend, **validation)
     proposer = None
     if options.context_proposer == "model":
         proposer = ModelContextProposer(
@@ -161,16 +186,10 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
             chat=getattr(tokenizer, "chat_template", None) is not None,
         )
     callbacks: list[Callable[..., Any]] = []
-    if options.validation_every:
-        callbacks.append(
-            HeldoutValidation(
-                task,
-                backend,
-                every=options.validation_every,
-                limit=options.validation_limit or None,
-                num_samples=options.validation_samples,
-            )
-        )
+    if agent is not None:
+        callbacks.append(evaluator.add_metrics)
+    if options.validation_every and checker is not None:
+        callbacks.append(checker)
 
     def save(directory: Path) -> dict[str, Any]:
         out = Path(directory) / "model"
@@ -178,7 +197,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         tokenizer.save_pretrained(out)
         return {"model": str(out)}
 
-    return LLMRun(space, evaluator, callbacks, save, model, tokenizer, task, proposer)
+    return LLMRun(space, evaluator, callbacks, save, model, tokenizer, task, proposer, start)
 
 
 # -- kind: llm ----------------------------------------------------------------------------------
@@ -191,13 +210,17 @@ def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
-    """A noise table holds a whole chunk; a context proposer needs a strategy co-evolving at
-    least two contexts."""
+    """A noise table holds a whole chunk; the agent section is valid; a context proposer needs
+    a strategy co-evolving at least two contexts."""
     if problem["noise"] == "table" and problem["table_size"] < problem["chunk_size"]:
         raise ConfigError(
             f"problem.table_size ({problem['table_size']}) must be at least problem.chunk_size "
             f"({problem['chunk_size']}): each chunk's noise is one window of the table"
         )
+    if problem["agent"]:
+        from esbox.adapters.agents.config import agent_options
+
+        agent_options(problem["agent"])
     if problem["context_proposer"] == "none":
         return
     contexts = getattr(strategy, "contexts", None)
@@ -224,4 +247,6 @@ def _llm(options: LLMProblemOptions, seed: int) -> Problem:
     run = build_llm(options, seed)
     task = options.task.get("kind", "task") if isinstance(options.task, dict) else "task"
     label = f"{Path(str(options.model)).name} on {task}"
-    return Problem(run.space, run.evaluator, label, run.save, list(run.callbacks), run.attach)
+    return Problem(
+        run.space, run.evaluator, label, run.save, list(run.callbacks), run.attach, run.start
+    )

@@ -31,6 +31,7 @@ class Problem:
     save: Callable[[Path], dict[str, Any]]  # writes best parameters; returns summary fields
     callbacks: list[Callable[..., Any]] = field(default_factory=list)  # run before the logger
     attach: Callable[[Strategy], None] | None = None  # connects it to the built strategy
+    start: Callable[[Path], None] | None = None  # told the run directory before the run starts
 
 
 @dataclass(frozen=True)

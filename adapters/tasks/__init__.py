@@ -6,18 +6,22 @@ from .base import Example, RowTask, Task
 from .loading import load_task
 from .math_problems import MathTask
 from .metrics import evaluate
+from .multihop import MultiHopQATask
 from .qa import QATask
 from .rollouts import HeldoutValidation, RolloutEvaluator
+from .tool_math import ToolMathTask
 
 __all__ = [
     "ArithmeticTask",
     "Example",
     "HeldoutValidation",
     "MathTask",
+    "MultiHopQATask",
     "QATask",
     "RolloutEvaluator",
     "RowTask",
     "Task",
+    "ToolMathTask",
     "evaluate",
     "load_task",
 ]

@@ -8,7 +8,11 @@ from typing import Any
 from .arithmetic import ArithmeticTask
 from .base import Task
 from .math_problems import MathTask
+from .multihop import MultiHopQATask
 from .qa import QATask
+from .tool_math import ToolMathTask
+
+TASK_KINDS = ("arithmetic", "math", "qa", "tool_math", "multihop_qa", "datasets")
 
 
 def load_datasets_rows(
@@ -25,9 +29,12 @@ def load_datasets_rows(
 
 
 def load_task(spec: Mapping[str, Any]) -> Task:
-    """Build a task from a config mapping; ``kind`` is math, qa, arithmetic or datasets.
+    """Build a task from a config mapping; ``kind`` is one of :data:`TASK_KINDS`.
 
     * ``{"kind": "arithmetic", "digits": 2, "ops": ["+"], "seed": 0}``
+    * ``{"kind": "tool_math", "families": ["product", "sum"], "seed": 0}``
+    * ``{"kind": "multihop_qa", "kb_seed": 0}`` (the synthetic 2-hop base) or
+      ``{"kind": "multihop_qa", "path": "hotpot.jsonl", "corpus_path": "docs.jsonl"}``
     * ``{"kind": "math", "path": "train.jsonl", "heldout_path": "test.jsonl",
       "format_weight": 0.1}``
     * ``{"kind": "qa", "path": "qa.jsonl", "metric": "em"}``
@@ -47,6 +54,13 @@ def load_task(spec: Mapping[str, Any]) -> Task:
 def _build_task(kind: Any, opts: dict[str, Any]) -> Task:
     if kind == "arithmetic":
         return ArithmeticTask(**opts)
+    if kind == "tool_math":
+        return ToolMathTask(**opts)
+    if kind == "multihop_qa":
+        if "path" in opts:
+            return MultiHopQATask.from_files(opts.pop("path"), opts.pop("heldout_path", None),
+                                             **opts)
+        return MultiHopQATask.synthetic(**opts)
     if kind in ("math", "qa"):
         cls = MathTask if kind == "math" else QATask
         return cls.from_files(opts.pop("path"), opts.pop("heldout_path", None), **opts)
@@ -61,4 +75,4 @@ def _build_task(kind: Any, opts: dict[str, Any]) -> Task:
         if cls is None:
             raise ValueError(f"datasets format must be 'math' or 'qa', got {fmt!r}")
         return cls(train, held, name=opts.pop("task_name", name), **opts)
-    raise ValueError(f"unknown task kind {kind!r}; use math, qa, arithmetic or datasets")
+    raise ValueError(f"unknown task kind {kind!r}; use one of {', '.join(TASK_KINDS)}")

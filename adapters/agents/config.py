@@ -1,0 +1,129 @@
+"""The ``problem.agent`` section of an LLM run: which tools, how long a trajectory may run, the
+penalties; and the tools, loop, evaluator and validation it builds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from esbox.adapters.tasks.base import Task
+from esbox.config import build_options, option
+from esbox.errors import ConfigError
+
+from .evaluator import AgentEvaluator, AgentValidation, TrajectoryLog
+from .loop import AgentLimits, AgentLoop
+from .tools import Calculator, PythonTool, Search, Tool
+
+TOOL_NAMES = ("calculator", "python", "search")
+TRAJECTORIES_FILE = "trajectories.jsonl"
+
+
+@dataclass
+class AgentOptions:
+    """Multi-turn tool use (``problem.agent``); an empty section means single-turn rollouts."""
+
+    tools: list = option(["calculator"], f"tools the agent may call: {', '.join(TOOL_NAMES)}")
+    max_turns: int = option(4, "model turns per trajectory", minimum=1)
+    max_tokens: int = option(384, "generated tokens per trajectory, all turns", minimum=1)
+    max_new_tokens: int = option(128, "generated tokens per turn", minimum=1)
+    invalid_call_penalty: float = option(0.0, "reward lost per malformed tool call", minimum=0.0)
+    truncation_penalty: float = option(
+        0.0, "reward lost when a trajectory ends without an answer", minimum=0.0
+    )
+    search_k: int = option(3, "passages the search tool returns", minimum=1)
+    python_seconds: float = option(5.0, "wall-clock limit of one python tool call", minimum=0.1)
+    log_per_member: int = option(
+        1, "trajectories of each member written to trajectories.jsonl each step", minimum=0
+    )
+    prefill: str = option(
+        "",
+        "text the first turn starts with, e.g. an opened call '<tool_call>{\"name\": ...' "
+        "(a scaffold for a model that never calls on its own; docs/agents.md)",
+    )
+    native_template: str = option(
+        "auto",
+        "auto: the chat template's own tool format when it has one; text: always the "
+        "<tool_call> text protocol",
+        choices=("auto", "text"),
+    )
+
+
+def agent_options(section: dict[str, Any]) -> AgentOptions:
+    """The options of a ``problem.agent`` mapping; ConfigError names a bad key or tool."""
+    options = build_options(AgentOptions, dict(section), where="problem.agent option")
+    unknown = [t for t in options.tools if t not in TOOL_NAMES]
+    if not options.tools or unknown:
+        raise ConfigError(
+            f"problem.agent.tools must list some of {', '.join(TOOL_NAMES)}, got {options.tools}"
+        )
+    return options
+
+
+def make_tools(options: AgentOptions, task: Task) -> list[Tool]:
+    """The tools ``options.tools`` names; ``search`` runs over the task's documents."""
+    tools: list[Tool] = []
+    for name in options.tools:
+        if name == "calculator":
+            tools.append(Calculator())
+        elif name == "python":
+            from .sandbox import Sandbox, SandboxLimits
+
+            limits = SandboxLimits(wall_seconds=options.python_seconds)
+            tools.append(PythonTool(Sandbox(limits)))
+        else:
+            tools.append(Search(_corpus(task), k=options.search_k))
+    return tools
+
+
+def _corpus(task: Task) -> Any:
+    from .retrieval import Corpus, Passage
+
+    documents = getattr(task, "documents", None)
+    if not documents:
+        raise ConfigError(
+            f"problem.agent.tools: search needs a task with documents (multihop_qa), "
+            f"not {task.name}"
+        )
+    return Corpus(Passage(str(d["id"]), str(d["title"]), str(d["text"])) for d in documents)
+
+
+@dataclass
+class AgentParts:
+    """What the LLM problem wires in for agent rollouts."""
+
+    evaluator: AgentEvaluator
+    validation: AgentValidation | None
+
+    def start(self, directory: Path) -> None:
+        """Sampled trajectories go to ``directory/trajectories.jsonl``."""
+        self.evaluator.log = TrajectoryLog(Path(directory) / TRAJECTORIES_FILE)
+
+
+def build_agent(
+    options: AgentOptions,
+    task: Task,
+    backend: Any,
+    *,
+    seed: int,
+    batch_size: int,
+    greedy: bool,
+    validation: dict[str, Any] | None,
+) -> AgentParts:
+    """The agent evaluator (and held-out validation when ``validation`` has its options)."""
+    limits = AgentLimits(options.max_turns, options.max_tokens, options.max_new_tokens)
+    native = False if options.native_template == "text" else None
+    tools = make_tools(options, task)
+    loop = AgentLoop(backend, tools, limits=limits, native=native, prefill=options.prefill)
+    evaluator = AgentEvaluator(
+        task,
+        loop,
+        batch_size=batch_size,
+        seed=seed,
+        greedy=greedy,
+        invalid_call_penalty=options.invalid_call_penalty,
+        truncation_penalty=options.truncation_penalty,
+        log_per_member=options.log_per_member,
+    )
+    checker = AgentValidation(task, evaluator, **validation) if validation is not None else None
+    return AgentParts(evaluator, checker)

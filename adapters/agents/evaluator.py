@@ -1,0 +1,175 @@
+"""Agent rollouts behind the evaluator interface: each member's reward is the mean trajectory
+reward over the step's shared minibatch, with tool-use metrics and sampled trajectories logged.
+
+The reward of a trajectory is the task's reward of its final answer, minus
+``invalid_call_penalty`` per malformed call and ``truncation_penalty`` when it ran out of turns
+or tokens. Rewards, co-evolved contexts (ESOpt) and greedy common random numbers work as in
+:class:`~esbox.adapters.tasks.rollouts.RolloutEvaluator`, which this evaluator extends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from esbox.adapters.tasks.base import Example, Task
+from esbox.adapters.tasks.rollouts import HeldoutValidation, RolloutEvaluator
+from esbox.space import ParameterSpace
+from esbox.specs import Perturbation
+
+from .loop import AgentLoop, Trajectory
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Tool-use figures of a set of trajectories (rates in [0, 1], means per trajectory)."""
+    n = max(len(trajectories), 1)
+    calls = sum(t.calls for t in trajectories)
+    return {
+        "tool_call_rate": sum(t.calls > 0 for t in trajectories) / n,
+        "valid_call_rate": sum(t.valid_calls for t in trajectories) / calls if calls else 0.0,
+        "tool_errors": float(sum(t.tool_errors for t in trajectories)),
+        "turns": sum(t.turns for t in trajectories) / n,
+        "trajectory_tokens": sum(t.tokens for t in trajectories) / n,
+        "answer_rate": sum(t.stop == "answer" for t in trajectories) / n,
+    }
+
+
+class TrajectoryLog:
+    """Appends trajectories to a JSONL file; a step written again (after a resume) replaces the
+    lines of that step and later ones, so the file matches the run."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.last_step = -1
+        if self.path.is_file():
+            steps = [json.loads(line)["step"] for line in self.path.read_text().splitlines()]
+            self.last_step = max(steps, default=-1)
+
+    def write(self, step: int, records: Sequence[dict[str, Any]]) -> None:
+        if step <= self.last_step:
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if json.loads(line)["step"] < step
+            ]
+            self.path.write_text("".join(f"{line}\n" for line in kept))
+        with self.path.open("a", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")
+        self.last_step = step
+
+
+class AgentEvaluator(RolloutEvaluator):
+    """Mean trajectory reward of each member; ``log_per_member`` trajectories of every member go
+    to ``log`` each step, and :meth:`add_metrics` (a runner callback) adds the step's figures."""
+
+    def __init__(
+        self,
+        task: Task,
+        loop: AgentLoop,
+        *,
+        batch_size: int = 16,
+        seed: int = 0,
+        greedy: bool = True,
+        temperature: float = 1.0,
+        invalid_call_penalty: float = 0.0,
+        truncation_penalty: float = 0.0,
+        log: TrajectoryLog | None = None,
+        log_per_member: int = 1,
+        context_of: Any = None,
+    ) -> None:
+        super().__init__(
+            task, loop.backend, batch_size=batch_size, seed=seed, greedy=greedy,
+            context_of=context_of,
+        )  # fmt: skip
+        self.loop, self.temperature = loop, temperature
+        self.invalid_call_penalty = invalid_call_penalty
+        self.truncation_penalty = truncation_penalty
+        self.log, self.log_per_member = log, log_per_member
+        self._step_trajectories: list[Trajectory] = []
+        self._records: list[dict[str, Any]] = []
+
+    def trajectory_reward(self, trajectory: Trajectory, example: Example) -> float:
+        """The task's reward of the final answer, less the protocol penalties; NaN if it fails."""
+        value = self._reward(trajectory.final or "", example)
+        value -= self.invalid_call_penalty * trajectory.invalid_calls
+        if trajectory.stop != "answer":
+            value -= self.truncation_penalty
+        return value if math.isfinite(value) else math.nan
+
+    def run(self, batch: Sequence[Example], step: int, context: int | None) -> list[Trajectory]:
+        """The trajectories of the model as it is now on ``batch``, rewards filled in."""
+        conversations = self._prompts(batch, context)
+        if any(isinstance(c, str) for c in conversations):
+            raise ValueError("agent rollouts need chat prompts (the task's chat=True)")
+        trajectories = self.loop.run(
+            conversations,
+            greedy=self.greedy,
+            temperature=self.temperature,
+            seed=None if self.greedy else self.seed * 1_000_003 + step,
+        )
+        for trajectory, example in zip(trajectories, batch, strict=True):
+            trajectory.reward = self.trajectory_reward(trajectory, example)
+        return trajectories
+
+    def rollout(self, batch: Sequence[Example], step: int, context: int | None = None) -> float:
+        trajectories = self.run(batch, step, context)
+        self._step_trajectories += trajectories
+        return float(np.mean([t.reward for t in trajectories]))
+
+    def evaluate(self, space: ParameterSpace, perturbations: Sequence[Perturbation]) -> np.ndarray:
+        self._step_trajectories, self._records = [], []
+        step = perturbations[0].step
+        batch = self.task.sample_batch(step, self.batch_size, self.seed)
+        rewards = np.empty(len(perturbations))
+        with space.sweep(perturbations) as members:
+            for i, p in enumerate(members):
+                start = len(self._step_trajectories)
+                rewards[i] = self.rollout(batch, step, p.context)
+                for j, t in enumerate(self._step_trajectories[start:][: self.log_per_member]):
+                    self._records.append(
+                        {"member": i, "seed": p.seed, "scale": p.scale, "context": p.context,
+                         "question": _question(batch[j]), "gold": batch[j].answer,
+                         "system": self.loop.system_text(t.messages), **t.to_dict()}
+                    )  # fmt: skip
+        if self.log is not None:
+            self.log.write(step, self._records)
+        return rewards
+
+    def add_metrics(self, runner: Any, metrics: dict[str, Any]) -> None:
+        """Runner callback: the step's tool-use figures as ``agent_*`` metrics."""
+        figures = summarize(self._step_trajectories)
+        metrics.update({f"agent_{k}": v for k, v in figures.items()})
+
+
+class AgentValidation(HeldoutValidation):
+    """Held-out figures of agent rollouts: accuracy, mean reward and the tool-use rates."""
+
+    def __init__(self, task: Task, evaluator: AgentEvaluator, **options: Any) -> None:
+        super().__init__(task, evaluator.backend, **options)
+        self.evaluator = evaluator
+
+    def measure(self) -> dict[str, float]:
+        examples = self.task.heldout[: self.limit]
+        trajectories: list[Trajectory] = []
+        for i in range(0, len(examples), self.batch_size):
+            trajectories += self.evaluator.run(examples[i : i + self.batch_size], 0, None)
+        pairs = zip(trajectories, examples, strict=True)
+        correct = [self.task.is_correct(t.final or "", e) for t, e in pairs]
+        figures = {
+            "accuracy": float(np.mean(correct)),
+            "mean_reward": float(np.nanmean([t.reward for t in trajectories])),
+            "n": float(len(examples)),
+            **summarize(trajectories),
+        }
+        return {f"val_{k}": v for k, v in figures.items()}
+
+
+def _question(example: Example) -> str:
+    prompt = example.prompt
+    return prompt if isinstance(prompt, str) else str(prompt[-1]["content"])

@@ -1,0 +1,167 @@
+"""The multi-turn agent loop: generate, parse the tool calls, run them, append the results, repeat.
+
+All live trajectories share each generation call (finished ones drop out), until each has a
+final answer, ``max_turns`` turns, or ``max_tokens`` generated tokens in all. A turn stops at
+``</tool_call>``, so the model never writes past a call it is waiting on. The prompt of a turn
+is the tokenizer's chat template with ``tools=`` where it has a tool format, else the text
+protocol of :mod:`.protocol`; the same loop drives any :class:`GenerationBackend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from esbox.adapters.generation.backend import GenerationBackend, RenderedPrompt
+
+from .protocol import (
+    CALL_CLOSE,
+    Tools,
+    execute,
+    parse_turn,
+    render,
+    supports_tools,
+    system_text,
+    toolbox,
+)
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    """How long a trajectory may run: turns, generated tokens in all, tokens per turn."""
+
+    max_turns: int = 4
+    max_tokens: int = 512
+    max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tokens", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Trajectory:
+    """One agent rollout: the conversation, what happened in it, and its final answer."""
+
+    messages: list[dict[str, Any]]
+    turns: int = 0
+    tokens: int = 0
+    calls: int = 0
+    valid_calls: int = 0
+    tool_errors: int = 0  # valid calls whose tool failed (a sandbox timeout, a bad expression)
+    errors: list[str] = field(default_factory=list)  # protocol problems, as the parser said
+    final: str | None = None
+    stop: str = ""  # "answer", "max_turns" or "max_tokens"
+    reward: float | None = None
+
+    @property
+    def invalid_calls(self) -> int:
+        return self.calls - self.valid_calls
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "invalid_calls": self.invalid_calls}
+
+
+def merge_system(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One leading system message: a co-evolved context and a task's system turn joined."""
+    out = [dict(m) for m in messages]
+    while len(out) > 1 and out[0]["role"] == "system" and out[1]["role"] == "system":
+        second = out.pop(1)
+        out[0]["content"] = f"{out[0]['content']}\n\n{second['content']}"
+    return out
+
+
+class AgentLoop:
+    """Runs batches of conversations to their end with ``tools`` on ``backend``."""
+
+    def __init__(
+        self,
+        backend: GenerationBackend,
+        tools: Tools,
+        *,
+        limits: AgentLimits | None = None,
+        native: bool | None = None,
+        prefill: str | None = None,
+    ) -> None:
+        self.backend, self.tools = backend, toolbox(tools)
+        self.limits = limits or AgentLimits()
+        self.prefill = prefill or None  # the first turn starts with it (e.g. an opened call)
+        self.tokenizer = backend.tokenizer
+        self.native = supports_tools(self.tokenizer) if native is None else native
+
+    def prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
+        """The text the model continues for the next assistant turn."""
+        return RenderedPrompt(render(self.tokenizer, messages, self.tools, native=self.native))
+
+    def system_text(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The system message the model reads at the start of ``messages`` (tools included)."""
+        return system_text(messages, self.tools, self.native)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def clip(self, text: str, budget: int) -> str:
+        """``text`` cut to its first ``budget`` tokens (the trajectory's token limit)."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return text if len(ids) <= budget else self.tokenizer.decode(ids[:budget])
+
+    def run(
+        self,
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
+        *,
+        greedy: bool = True,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Trajectory]:
+        """Every conversation continued until its end; the trajectories in the same order."""
+        limits = self.limits
+        trajectories = [Trajectory(merge_system(c)) for c in conversations]
+        live = list(range(len(trajectories)))
+        for turn in range(limits.max_turns):
+            if not live:
+                break
+            budgets = [limits.max_tokens - trajectories[i].tokens for i in live]
+            prefill = self.prefill if turn == 0 else None
+            texts = self.backend.generate(
+                [self.prompt(trajectories[i].messages) for i in live],
+                prefills=[prefill] * len(live),
+                max_new_tokens=min(limits.max_new_tokens, max(budgets)),
+                greedy=greedy,
+                temperature=temperature,
+                top_p=top_p,
+                seed=None if seed is None else seed + turn,
+                stop=[CALL_CLOSE],
+            )
+            still = []
+            for i, text, budget in zip(live, texts, budgets, strict=True):
+                if self._advance(trajectories[i], self.clip(text, budget), prefill or ""):
+                    still.append(i)
+            live = still
+        for i in live:
+            trajectories[i].stop = "max_turns"
+        return trajectories
+
+    def _advance(self, trajectory: Trajectory, text: str, prefill: str = "") -> bool:
+        """Add one generated turn (and its tool results); True while the trajectory goes on."""
+        trajectory.turns += 1
+        trajectory.tokens += self.count_tokens(text)
+        parsed = parse_turn(prefill + text, self.tools)
+        trajectory.errors += parsed.errors
+        trajectory.messages.append(parsed.message())
+        if not parsed.calls:
+            trajectory.final, trajectory.stop = parsed.final, "answer"
+            return False
+        results = execute(parsed, self.tools)
+        trajectory.calls += len(parsed.calls)
+        trajectory.valid_calls += parsed.n_valid
+        trajectory.tool_errors += sum(
+            r.error for r, c in zip(results, parsed.calls, strict=True) if c.valid
+        )
+        trajectory.messages += [r.message() for r in results]
+        if trajectory.tokens >= self.limits.max_tokens:
+            trajectory.stop = "max_tokens"
+            return False
+        return True
