@@ -274,7 +274,7 @@ def test_trajectories_prints_a_logged_conversation(tiny_lm, tmp_path):
 
 
 def test_the_agent_example_config_runs_on_a_tiny_model(tiny_lm, tmp_path):
-    example = Path(__file__).parent.parent / "examples" / "llm-agent-math.yaml"
+    example = Path(__file__).parent.parent / "examples" / "agent-math.yaml"
     sets = [
         f"problem.model={tiny_lm}", "problem.dtype=float32", "problem.batch_size=2",
         "problem.table_size=65536", "problem.chunk_size=65536", "problem.validation_limit=2",
