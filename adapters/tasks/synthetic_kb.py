@@ -47,7 +47,10 @@ def synthetic_kb(
     universities: int = 20,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """The documents and 2-hop question records of one seeded knowledge base."""
+    """The documents and 2-hop question records of one seeded knowledge base; no question's
+    answer is in its first document."""
+    if min(people, companies, universities) < 1 or cities < 2:
+        raise ValueError("need at least 1 person, company and university and 2 cities")
     rng = np.random.default_rng(seed)
     city_names = _unique_names(rng, cities, lambda: _word(rng, 2) + _word(rng, 1).lower())
     person_names = _unique_names(rng, people, lambda: f"{_word(rng, 2)} {_word(rng, 2)}")
@@ -59,17 +62,18 @@ def synthetic_kb(
     )
     pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
     uni_city = {u: pick(city_names) for u in uni_names}
-    person = {
-        p: {"born": pick(city_names), "studied": pick(uni_names), "job": pick(_JOBS)}
-        for p in person_names
-    }
+    person = {}
+    for name in person_names:  # born elsewhere than the university's city: two hops needed
+        studied = pick(uni_names)
+        born = pick([c for c in city_names if c != uni_city[studied]])
+        person[name] = {"born": born, "studied": studied, "job": pick(_JOBS)}
     company = {c: {"founder": pick(person_names), "makes": pick(_PRODUCTS)} for c in company_names}
     documents = []
     for name, facts in person.items():
         documents.append(
             {
                 "title": name,
-                "text": f"{name} is a {facts['job']} born in {facts['born']}. "
+                "text": f"{name} is {_a(facts['job'])} born in {facts['born']}. "
                 f"{name.split()[0]} studied at the {facts['studied']}.",
             }
         )
@@ -116,6 +120,10 @@ def synthetic_kb(
         )
     order = rng.permutation(len(records))
     return {"documents": documents, "records": [records[int(i)] for i in order]}
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
 def _record(question: str, answer: str, supporting: list[str], kind: str) -> dict[str, Any]:
