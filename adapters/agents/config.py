@@ -23,7 +23,11 @@ TRAJECTORIES_FILE = "trajectories.jsonl"
 class AgentOptions:
     """Multi-turn tool use (``problem.agent``); an empty section means single-turn rollouts."""
 
-    tools: list = option(["calculator"], f"tools the agent may call: {', '.join(TOOL_NAMES)}")
+    tools: list = option(
+        ["calculator"],
+        f"tools the agent may call: {', '.join(TOOL_NAMES)}, or your own as 'module:name' "
+        "(a Tool, a Tool class or a typed function; docs/agents.md)",
+    )
     max_turns: int = option(4, "model turns per trajectory", minimum=1)
     max_tokens: int = option(384, "generated tokens per trajectory, all turns", minimum=1)
     max_new_tokens: int = option(128, "generated tokens per turn", minimum=1)
@@ -52,12 +56,45 @@ class AgentOptions:
 def agent_options(section: dict[str, Any]) -> AgentOptions:
     """The options of a ``problem.agent`` mapping; ConfigError names a bad key or tool."""
     options = build_options(AgentOptions, dict(section), where="problem.agent option")
-    unknown = [t for t in options.tools if t not in TOOL_NAMES]
+    unknown = [t for t in options.tools if t not in TOOL_NAMES and not _is_import_path(t)]
     if not options.tools or unknown:
         raise ConfigError(
-            f"problem.agent.tools must list some of {', '.join(TOOL_NAMES)}, got {options.tools}"
+            f"problem.agent.tools must list some of {', '.join(TOOL_NAMES)} or 'module:name' "
+            f"paths to your own tools, got {options.tools}"
         )
+    for name in options.tools:
+        if _is_import_path(name):
+            import_tool(name)  # a typo fails here, before the model loads
     return options
+
+
+def _is_import_path(name: Any) -> bool:
+    return isinstance(name, str) and ":" in name
+
+
+def import_tool(path: str) -> Tool:
+    """The tool that ``module:name`` names: a ``Tool``, a ``Tool`` subclass (built without
+    arguments) or a typed function (wrapped by ``@tool``); ConfigError says what is wrong."""
+    import importlib
+
+    from .tools import tool
+
+    module_name, _, attribute = path.partition(":")
+    where = f"problem.agent.tools: {path!r}"
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{where} cannot be imported ({exc})") from None
+    if isinstance(found, Tool):
+        return found
+    try:
+        if isinstance(found, type) and issubclass(found, Tool):
+            return found()
+        if callable(found):
+            return tool(found)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where} is not a usable tool ({exc})") from None
+    raise ConfigError(f"{where} is a {type(found).__name__}, not a Tool, Tool class or function")
 
 
 def make_tools(options: AgentOptions, task: Task) -> list[Tool]:
@@ -71,8 +108,10 @@ def make_tools(options: AgentOptions, task: Task) -> list[Tool]:
 
             limits = SandboxLimits(wall_seconds=options.python_seconds)
             tools.append(PythonTool(Sandbox(limits)))
-        else:
+        elif name == "search":
             tools.append(Search(_corpus(task), k=options.search_k))
+        else:
+            tools.append(import_tool(name))
     return tools
 
 
