@@ -21,6 +21,7 @@ from .protocol import (
     execute,
     parse_turn,
     render,
+    supports_tool_role,
     supports_tools,
     system_text,
     toolbox,
@@ -90,10 +91,12 @@ class AgentLoop:
         self.prefill = prefill or None  # the first turn starts with it (e.g. an opened call)
         self.tokenizer = backend.tokenizer
         self.native = supports_tools(self.tokenizer) if native is None else native
+        self.tool_role = supports_tool_role(self.tokenizer)
 
     def prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
         """The text the model continues for the next assistant turn."""
-        return RenderedPrompt(render(self.tokenizer, messages, self.tools, native=self.native))
+        text = render(self.tokenizer, messages, self.tools, self.native, self.tool_role)
+        return RenderedPrompt(text)
 
     def system_text(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The system message the model reads at the start of ``messages`` (tools included)."""

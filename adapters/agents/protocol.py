@@ -354,10 +354,12 @@ def render(
     messages: Sequence[Mapping[str, Any]],
     tools: Tools,
     native: bool | None = None,
+    tool_role: bool | None = None,
 ) -> str:
     """The prompt for the next assistant turn. With ``native`` (probed when None) the template's
     own tool format; else our system prompt and ``<tool_response>`` blocks in a ``tool`` message
-    (a ``user`` one when the template has no tool role). Probe once per tokenizer in a loop."""
+    (a ``user`` one when the template has no tool role). ``native`` and ``tool_role`` are
+    probed when None: a loop probes once and passes them."""
     by_name = toolbox(tools)
     if native is None:
         native = supports_tools(tokenizer)
@@ -370,7 +372,9 @@ def render(
             tokenize=False,
             add_generation_prompt=True,
         )
-    role = "tool" if supports_tool_role(tokenizer) else "user"
+    if tool_role is None:
+        tool_role = supports_tool_role(tokenizer)
+    role = "tool" if tool_role else "user"
     out = head
     for is_result, group in itertools.groupby(messages, key=lambda m: m["role"] == "tool"):
         if is_result:
