@@ -15,6 +15,7 @@ from types import ModuleType
 SUITES: dict[str, str] = {
     "core": "benchmarks.core",
     "llm": "benchmarks.llm",
+    "agent-memory": "benchmarks.agent_memory",
 }
 
 

@@ -263,3 +263,161 @@ def test_markdown_table_names_every_method_and_the_host_backup():
     assert "host (exact backup / fp32 master)" in table
     assert "exceeds the model's max_position_embeddings" in table
     assert all(line.count("|") == 5 for line in table.splitlines()[4:] if line.startswith("|"))
+
+
+# -- agent trajectories: memory as the trajectory grows ------------------------------------------
+def smollm2_config():
+    """The shipped SmolLM2-135M's shape, built in code (tied embeddings, GQA 9/3 heads)."""
+    return transformers.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )
+
+
+def test_grpo_backprop_grows_with_trajectory_tokens_times_group():
+    from esbox.adapters.models.trajectory_memory import estimate_trajectory_memory
+
+    config = tiny_config()
+    act, logits = "activations (backprop)", "logits (loss)"
+    for group in (1, 4):
+        growth = estimate_trajectory_memory(config, [1024, 2048, 4096], batch=group)
+        a = growth.device(GRPO, act)
+        assert a[1] == 2 * a[0] and a[2] == 4 * a[0]  # linear in the tokens (flash attention)
+        assert growth.device(LORA, act) == a  # LoRA back-propagates through the whole model
+        assert growth.device(GRPO, logits)[2] == 4 * 4096 * group * COMMON["vocab_size"]
+    one = estimate_trajectory_memory(config, ["4k"], batch=1).device(GRPO, act)[0]
+    four = estimate_trajectory_memory(config, ["4k"], batch=4).device(GRPO, act)[0]
+    assert four == 4 * one  # and linear in the group
+
+
+def test_es_kv_cache_grows_linearly_but_far_slower_than_grpo():
+    from esbox.adapters.models.trajectory_memory import KV, estimate_trajectory_memory
+
+    shape = model_shape(smollm2_config())
+    growth = estimate_trajectory_memory(shape, [1024, 2048, 8192], batch=8)
+    kv = growth.device(ES, KV)
+    per_token = 2 * 8 * shape.layers * shape.kv_heads * shape.head_dim * 2  # K and V, bf16
+    assert kv == [1024 * per_token, 2048 * per_token, 8192 * per_token]
+    es, grpo, lora = (growth.device(k) for k in (ES, GRPO, LORA))
+    es_slope, grpo_slope = es[2] - es[0], grpo[2] - grpo[0]
+    assert grpo_slope > 15 * es_slope  # per token, GRPO's backward costs >15x ES's inference
+    assert all(e < lo < g for e, lo, g in zip(es, lora, grpo, strict=True))
+    ratios = [g / e for g, e in zip(grpo, es, strict=True)]
+    assert ratios == sorted(ratios) and ratios[-1] > 15  # the gap widens as trajectories grow
+
+
+def test_turns_build_the_length_and_change_nothing_else():
+    from esbox.adapters.models.trajectory_memory import (
+        Trajectory,
+        estimate_trajectory_memory,
+        trajectories,
+    )
+
+    grown = trajectories(turn_tokens=512, turns=[1, 4, 16], prompt_tokens=256)
+    assert [t.tokens for t in grown] == [768, 2304, 8448]
+    assert grown[1].label == "2,304 = 256 + 4 x 512"
+    assert [t.turns for t in trajectories(turn_tokens=100)] == [1, 2, 4, 8, 16]
+    rows = trajectories(tokens=[2048], turns=[1, 8])
+    assert rows == [Trajectory(2048, 1), Trajectory(2048, 8)]
+    growth = estimate_trajectory_memory(tiny_config(), rows, batch=2)
+    assert growth.estimates[0].to_dict() == growth.estimates[1].to_dict()
+    assert "rows of one length are equal whatever their turns" in growth.table()
+    with pytest.raises(ValueError, match="either tokens"):
+        trajectories(tokens=[1024], turn_tokens=64)
+    with pytest.raises(ValueError, match="turns >= 1"):
+        Trajectory(1024, 0)
+    with pytest.raises(TypeError, match="context"):
+        estimate_trajectory_memory(tiny_config(), [1024], context=8)
+
+
+def test_trajectory_table_has_a_row_per_trajectory_and_every_method():
+    from esbox.adapters.models.trajectory_memory import estimate_trajectory_memory, trajectories
+
+    rows = trajectories(tokens=[512, 4096, 32768], turns=[4])
+    table = estimate_trajectory_memory(tiny_config(), rows, batch=4).table()
+    lines = table.splitlines()
+    header = next(line for line in lines if line.startswith("| turns"))
+    for name in ("ES (esbox)", "GRPO (full)", "LoRA-GRPO (r=16)", "GRPO / ES"):
+        assert f"| {name} |" in header
+    body = [line for line in lines if line.startswith("| 4 |")]
+    assert [line.split("|")[2].strip() for line in body] == ["512", "4,096", "32,768"]
+    assert all(line.count("|") == header.count("|") for line in body)
+    assert "Each token of trajectory length (512 to 32,768" in table
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"), [("1k,4k", [1024, 4096]), ("512", [512]), (" 2k , 8192 ", [2048, 8192])]
+)
+def test_parse_token_list(text, tokens):
+    from esbox.adapters.models.trajectory_memory import parse_token_list
+
+    assert parse_token_list(text) == tokens
+
+
+@pytest.mark.parametrize("bad", ["", ",", "1k,abc", "0", "1.5"])
+def test_parse_lists_reject_bad_input(bad):
+    from esbox.adapters.models.trajectory_memory import parse_count_list, parse_token_list
+
+    with pytest.raises(ValueError, match="token count"):
+        parse_token_list(bad)
+    with pytest.raises(ValueError, match="whole numbers"):
+        parse_count_list(bad)
+    assert parse_count_list("1, 4,16") == [1, 4, 16]
+
+
+@pytest.fixture
+def config_dir(tmp_path):
+    tiny_config().save_pretrained(tmp_path)
+    return tmp_path
+
+
+def memory_cli(*args: str):
+    from click.testing import CliRunner
+
+    from esbox.cli.main import cli
+
+    return CliRunner().invoke(cli, ["memory", *args], catch_exceptions=False)
+
+
+def test_cli_prints_a_row_for_each_trajectory_length(config_dir):
+    result = memory_cli("--model", str(config_dir), "--trajectory-tokens", "1k,4k,16k",
+                        "--turns", "4", "--batch", "8")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("| 4 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["1,024", "4,096", "16,384"]
+    assert "| ES (esbox) | GRPO (full) | LoRA-GRPO (r=16) |" in result.output
+    grown = memory_cli("--model", str(config_dir), "--turn-tokens", "300", "--turns", "1,3",
+                       "--prompt-tokens", "100", "--json")  # fmt: skip
+    assert grown.exit_code == 0, grown.output
+    data = json.loads(grown.output)["rows"]
+    assert [(r["turns"], r["tokens"], r["context"]) for r in data] == [
+        (1, 400, 400),
+        (3, 1000, 1000),
+    ]
+    formulas = memory_cli("--model", str(config_dir), "--trajectory-tokens", "1k,2k", "--formulas")
+    assert "context 2,048 tokens" in formulas.output and "*GRPO (full)*" in formulas.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trajectory-tokens", "1k,lots"], "--trajectory-tokens"),
+        (["--trajectory-tokens", "1k", "--turns", "0"], "--turns"),
+        (["--turn-tokens", "0"], "--turn-tokens"),
+        (["--turns", "4"], "--turns needs --trajectory-tokens or --turn-tokens"),
+        (["--trajectory-tokens", "1k", "--turn-tokens", "64"], "not both"),
+        (["--trajectory-tokens", "1k", "--context", "8k"], "--context is one length"),
+        (["--prompt-tokens", "64"], "--prompt-tokens needs --turn-tokens"),
+    ],
+)
+def test_cli_bad_trajectory_input_exits_2_naming_the_flag(config_dir, args, message):
+    result = memory_cli("--model", str(config_dir), *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output

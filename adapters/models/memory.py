@@ -3,7 +3,8 @@
 Everything is computed from a transformers config (a local model folder, a ``config.json`` or a
 ``PretrainedConfig``; see ``model_shapes``): nothing is downloaded and no weight is allocated.
 The formulas, their sources and assumptions are in ``docs/memory.md``;
-``esbox memory --model PATH --context 128k`` prints the table.
+``esbox memory --model PATH --context 128k`` prints the table. How the three grow with an agent
+trajectory's length is in ``trajectory_memory``.
 """
 
 from __future__ import annotations
@@ -172,8 +173,9 @@ def estimate_memory(
     number of sequences decoded (and, for GRPO, back-propagated) together. ``attention`` is
     ``"flash"`` (no s^2 term) or ``"eager"``; ``recompute`` turns on full activation
     checkpointing for GRPO. ``chunk_size``, ``subspaces`` (CoPES K), ``noise``
-    and ``table_size`` are the ES space's settings (weights on an accelerator). See
-    docs/memory.md for every formula.
+    and ``table_size`` are the ES space's settings (weights on an accelerator).
+    ``config_or_path`` may also be a ``ModelShape`` already read (its LoRA targets then
+    stand). See docs/memory.md for every formula.
     """
     s, b, w = parse_context(context), int(batch), dtype_bytes(dtype)
     if min(b, lora_rank, subspaces, chunk_size) < 1:
@@ -186,7 +188,11 @@ def estimate_memory(
         raise ValueError(f"es_optimizer must be 'sgd' or 'adam', got {es_optimizer!r}")
     if backup_device not in ("cpu", "device"):
         raise ValueError(f"backup_device must be 'cpu' or 'device', got {backup_device!r}")
-    shape = model_shape(config_or_path, lora_targets=lora_targets)
+    shape = (
+        config_or_path
+        if isinstance(config_or_path, ModelShape)
+        else model_shape(config_or_path, lora_targets=lora_targets)
+    )
     c = min(chunk_size, shape.largest_tensor)
     if noise == "table" and c > table_size:
         raise ValueError(f"chunk_size {c} exceeds the noise table ({table_size})")
