@@ -1,4 +1,5 @@
-"""LLM commands: convert the shipped model once, and evaluate a model on a task split."""
+"""LLM commands: convert the shipped model once, and memory estimates (``esbox evaluate`` is in
+:mod:`esbox.cli.evaluate`)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
-from tqdm.auto import tqdm
 
 from esbox.cli.errors import CLIError, user_errors
-
-
-def parse_task(text: str) -> dict[str, Any]:
-    """``arithmetic`` or an inline YAML mapping such as ``{kind: math, path: test.jsonl}``."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CLIError(f"--task is not valid YAML: {exc}") from None
-    if isinstance(value, str):
-        return {"kind": value}
-    if not isinstance(value, dict) or "kind" not in value:
-        raise CLIError(
-            "--task must be a kind (arithmetic, math, qa, datasets) or a mapping "
-            "with a 'kind' key, e.g. '{kind: math, path: test.jsonl}'"
-        )
-    return value
 
 
 @click.command("convert-model")
@@ -56,106 +39,6 @@ def convert_model(name: str, out: Path | None, overwrite: bool) -> None:
     except (ImportError, FileNotFoundError) as exc:
         raise CLIError(str(exc)) from None
     click.echo(f"{name}: {path}")
-
-
-@click.command("evaluate")
-@click.option("--model", required=True, help="local HF model directory, hub name, or 'smollm2'")
-@click.option(
-    "--task",
-    "task_text",
-    default="arithmetic",
-    show_default=True,
-    help="task kind or inline YAML mapping, e.g. '{kind: math, path: test.jsonl}'",
-)
-@click.option(
-    "--split", type=click.Choice(["heldout", "train"]), default="heldout", show_default=True
-)
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1),
-    default=None,
-    help="score only the first N questions of the split",
-)
-@click.option(
-    "--samples",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="samples per question; pass@k is reported for k up to it",
-)
-@click.option(
-    "--max-new-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="tokens per answer (default: the task's)",
-)
-@click.option(
-    "--dtype",
-    type=click.Choice(["float32", "bfloat16", "float16"]),
-    default="float32",
-    show_default=True,
-)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="also write the figures to this JSON file",
-)
-def evaluate_cmd(
-    model: str,
-    task_text: str,
-    split: str,
-    limit: int | None,
-    samples: int,
-    max_new_tokens: int | None,
-    dtype: str,
-    device: str,
-    batch_size: int,
-    out: Path | None,
-) -> None:
-    """Score a model on a task split: accuracy, mean reward and unbiased pass@k.
-
-    \b
-    Examples:
-      esbox evaluate --model smollm2 --task arithmetic
-      esbox evaluate --model runs/llm-arith/model --task arithmetic --samples 8
-      esbox evaluate --model smollm2 --limit 200 \\
-        --task '{kind: math, path: train.jsonl, heldout_path: test.jsonl}'
-    """
-    from esbox.adapters.generation import HFBackend
-    from esbox.adapters.models import load_model
-    from esbox.adapters.problems import resolve_model_path
-    from esbox.adapters.tasks import evaluate, load_task
-
-    try:
-        task = load_task(parse_task(task_text))
-        loaded, tokenizer = load_model(resolve_model_path(model), dtype=dtype, device=device)
-    except (ValueError, ImportError, OSError) as exc:
-        raise CLIError(str(exc)) from None
-    total = len(task.split(split)[:limit])
-    # a live bar on a terminal (tqdm stays silent when stderr is not one)
-    with tqdm(total=total, unit="question", dynamic_ncols=True, leave=False, disable=None) as bar:
-        figures = evaluate(
-            task,
-            HFBackend(loaded, tokenizer),
-            split=split,
-            limit=limit,
-            num_samples=samples,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            progress=bar.update,
-        )
-    click.echo("| metric | value |\n|---|---|")
-    for key, value in figures.items():
-        click.echo(f"| {key} | {value:.4g} |")
-    if out is not None:
-        out.write_text(
-            json.dumps(
-                {"model": model, "task": parse_task(task_text), "split": split, **figures}, indent=2
-            )
-        )
 
 
 # flags that a config replaces, with the config key to --set instead
@@ -198,8 +81,25 @@ def memory_settings_from_config(
     return resolve_model_path(problem["model"]), settings, notes
 
 
+def _parsed(name: str) -> Any:
+    """A click callback: ``trajectory_memory.<name>(value)``, a ValueError naming the flag."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        from esbox.adapters.models import trajectory_memory
+
+        try:
+            return None if value is None else getattr(trajectory_memory, name)(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+
+    return callback
+
+
 @click.command("memory")
-@click.option("--model", help="local HF model directory or config.json (no weights are loaded)")
+@click.option(
+    "--model",
+    help="local HF model directory, config.json or 'smollm2' (no weights are loaded)",
+)
 @click.option(
     "--config",
     "-c",
@@ -222,11 +122,39 @@ def memory_settings_from_config(
     help="tokens per sequence (prompt + completion): 4096, 32k, 128k, 1m",
 )
 @click.option(
+    "--trajectory-tokens",
+    metavar="LIST",
+    callback=_parsed("parse_token_list"),
+    help="agent trajectories instead of --context: the tokens of one whole trajectory "
+    "(prompt, replies, tool results), e.g. 1k,4k,16k; one row per length",
+)
+@click.option(
+    "--turns",
+    metavar="LIST",
+    callback=_parsed("parse_count_list"),
+    help="model turns a trajectory spans, e.g. 1,4,16; rows of one --trajectory-tokens "
+    "length are equal whatever the turns (docs/memory.md)",
+)
+@click.option(
+    "--turn-tokens",
+    type=click.IntRange(min=1),
+    help="build each trajectory turn by turn: --prompt-tokens + turns x this (a reply and "
+    "its tool result); one row per --turns (default 1,2,4,8,16)",
+)
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=0),
+    default=256,
+    show_default=True,
+    help="with --turn-tokens: the task prompt and tool schemas before the first turn",
+)
+@click.option(
     "--batch",
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="sequences decoded (and, for GRPO, back-propagated) together",
+    help="sequences decoded (and, for GRPO, back-propagated) together: trajectories of a "
+    "member's minibatch, GRPO's group",
 )
 @click.option("--dtype", default="bfloat16", show_default=True, help="weight dtype")
 @click.option(
@@ -252,6 +180,10 @@ def memory_cmd(
     config_path: Path | None,
     overrides: tuple[str, ...],
     context: str,
+    trajectory_tokens: list[int] | None,
+    turns: list[int] | None,
+    turn_tokens: int | None,
+    prompt_tokens: int,
     batch: int,
     dtype: str,
     subspaces: int,
@@ -265,44 +197,79 @@ def memory_cmd(
 
     \b
     Examples:
-      esbox memory --model ~/.cache/esbox/models/smollm2-135m-instruct --context 128k
+      esbox memory --model smollm2 --context 128k
       esbox memory --model path/to/Qwen2.5-7B --context 32k --batch 8 --subspaces 4
       esbox memory --config examples/llm-arith.yaml --context 128k
     With --config the ES column uses the run's own settings ('smollm2' is converted once
     if it is not yet); --batch, --dtype and --subspaces then come from the config (change
     them with --set). The formulas and assumptions are in docs/memory.md.
+
+    \b
+    As an agent trajectory grows (one row per trajectory; --formulas adds the
+    longest one's components):
+      esbox memory --model smollm2 --trajectory-tokens 1k,4k,8k --turns 4 --batch 8
+      esbox memory --model smollm2 --turn-tokens 512 --turns 1,4,16 --batch 8
     """
     from esbox.adapters.models import estimate_memory
+    from esbox.adapters.models.trajectory_memory import (
+        estimate_trajectory_memory,
+        trajectories,
+    )
 
     if (model is None) == (config_path is None):
         raise CLIError("give exactly one of --model and --config")
+    source = click.get_current_context().get_parameter_source
+    given = {n for n in ("context", "prompt_tokens") if source(n).name == "COMMANDLINE"}
+    if trajectory_tokens and turn_tokens:
+        raise CLIError("give --trajectory-tokens (whole lengths) or --turn-tokens, not both")
+    agent = bool(trajectory_tokens or turn_tokens)
+    if turns and not agent:
+        raise CLIError("--turns needs --trajectory-tokens or --turn-tokens")
+    if "prompt_tokens" in given and not turn_tokens:
+        raise CLIError("--prompt-tokens needs --turn-tokens")
+    if agent and "context" in given:
+        raise CLIError("--context is one length: with trajectories leave it out")
     settings: dict[str, Any] = {"batch": batch, "dtype": dtype, "subspaces": subspaces}
     notes: list[str] = []
     if config_path is None and overrides:
         raise CLIError("--set needs --config")
     if config_path is not None:
-        source = click.get_current_context().get_parameter_source
         given = [n for n in _CONFIG_KEYS if source(n) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise CLIError(
                 f"with --config the {given[0]} comes from the config: use --set "
                 f"{_CONFIG_KEYS[given[0]]}=... instead of --{given[0]}"
             )
+    settings |= {"lora_rank": lora_rank, "attention": attention, "recompute": recompute}
     try:
         if config_path is not None:
-            model, settings, notes = memory_settings_from_config(config_path, overrides)
-        estimate = estimate_memory(
-            model,
-            context=context,
-            lora_rank=lora_rank,
-            attention=attention,
-            recompute=recompute,
-            **settings,
-        )
+            model, config_settings, notes = memory_settings_from_config(config_path, overrides)
+            settings |= config_settings
+        else:
+            from esbox.adapters.problems import resolve_model_path
+
+            model = resolve_model_path(model)
+        if agent:
+            rows = trajectories(
+                tokens=trajectory_tokens,
+                turns=turns,
+                turn_tokens=turn_tokens,
+                prompt_tokens=prompt_tokens,
+            )
+            growth = estimate_trajectory_memory(model, rows, **settings)
+            estimate = growth.estimates[max(range(len(rows)), key=lambda i: rows[i].tokens)]
+        else:
+            estimate = estimate_memory(model, context=context, **settings)
     except (ValueError, ImportError, OSError) as exc:  # no transformers, no model, bad value
         raise CLIError(str(exc)) from None
-    click.echo(
-        json.dumps(estimate.to_dict(), indent=2) if as_json else estimate.table(formulas=formulas)
-    )
+    if as_json:
+        click.echo(json.dumps(growth.to_dict() if agent else estimate.to_dict(), indent=2))
+    elif agent:
+        click.echo(growth.table())
+        if formulas:
+            click.echo("\nThe longest trajectory, component by component:\n")
+            click.echo(estimate.table(formulas=True))
+    else:
+        click.echo(estimate.table(formulas=formulas))
     for note in notes:
         click.echo(f"note: {note}", err=True)

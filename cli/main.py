@@ -8,7 +8,8 @@ import click
 
 import esbox
 from esbox.cli.errors import CLIError
-from esbox.cli.llm_commands import convert_model, evaluate_cmd, memory_cmd
+from esbox.cli.evaluate import evaluate_cmd
+from esbox.cli.llm_commands import convert_model, memory_cmd
 from esbox.cli.optimize import optimize
 from esbox.cli.report import report
 from esbox.cli.resume import resume

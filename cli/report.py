@@ -94,14 +94,16 @@ def _figure(
     fig.savefig(path, dpi=110)
 
 
-def validation_points(run: RunData) -> list[tuple[int, int, float]]:
-    """(updates applied, evaluations, held-out accuracy): the baseline, then every validation."""
+def validation_points(run: RunData, key: str = "accuracy") -> list[tuple[int, int, float]]:
+    """(updates applied, evaluations, held-out ``val_<key>``): the baseline, then every
+    validation."""
+    name = f"val_{key}"
     baseline = run.summary.get("baseline") or {}
-    points = [(0, 0, float(baseline["val_accuracy"]))] if "val_accuracy" in baseline else []
+    points = [(0, 0, float(baseline[name]))] if baseline.get(name) is not None else []
     for row in run.metrics:
-        if row.get("val_accuracy") is not None:
+        if row.get(name) is not None:
             step = int(row.get("val_step", int(row["step"]) + 1))
-            points.append((step, int(row["evaluations"]), float(row["val_accuracy"])))
+            points.append((step, int(row["evaluations"]), float(row[name])))
     return points
 
 
@@ -130,6 +132,50 @@ def _validation_figure(runs: list[RunData], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# agent runs (problem.agent): the step's agent_<key> and, where held out too, val_<key>
+AGENT_PANELS = (
+    ("tool_call_rate", "tool-call rate (trajectories with a call)", True),
+    ("valid_call_rate", "valid-call rate (of all calls)", True),
+    ("answer_rate", "answer rate (ended with an answer)", True),
+    ("turns", "turns per trajectory", True),
+    ("trajectory_tokens", "tokens per trajectory", True),
+    ("tool_errors", "tool errors in the step", False),
+)
+
+
+def is_agent_run(run: RunData) -> bool:
+    """Whether the run logged tool-use metrics (``agent_*``: a run with ``problem.agent``)."""
+    return any(row.get("agent_tool_call_rate") is not None for row in run.metrics)
+
+
+def _agent_figure(runs: list[RunData], path: Path) -> None:
+    """Tool use over the steps, one panel per figure: each run's training rollouts (solid) and
+    held-out checks (dashed, marked, from the baseline before the first update)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 7), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 3, sharex=True).ravel()
+    for ax, (key, ylabel, held_out) in zip(axes, AGENT_PANELS, strict=True):
+        for index, run in enumerate(runs):
+            if not is_agent_run(run):
+                continue
+            colour = f"C{index % 10}"  # the run's colour in the other figures
+            ax.plot(_values(run, "step"), _values(run, f"agent_{key}"), "-", color=colour,
+                    label=f"{run.label} rollouts")  # fmt: skip
+            points = validation_points(run, key) if held_out else []
+            if points:
+                ax.plot([p[0] for p in points], [p[2] for p in points], "o--", color=colour,
+                        label=f"{run.label} held-out")  # fmt: skip
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    for ax in axes[3:]:
+        ax.set_xlabel("step (updates applied)")
+    axes[0].legend(fontsize="small", loc="best")
+    fig.savefig(path, dpi=110)
+
+
 def _wide_positive(runs: list[RunData]) -> bool:
     """Whether best-so-far values are all positive and span enough for a log axis."""
     values = [v for run in runs for v in _values(run, run.best_key()) if math.isfinite(v)]
@@ -137,8 +183,8 @@ def _wide_positive(runs: list[RunData]) -> bool:
 
 
 def plot_runs(runs: list[RunData], out: Path) -> list[Path]:
-    """Write reward.png (mean and max reward), best.png (best so far) and, for runs with a
-    held-out validation (LLM runs), validation.png; returns their paths."""
+    """Write reward.png (mean and max reward), best.png (best so far), for runs with a held-out
+    validation (LLM runs) validation.png and for agent runs agent.png; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     reward, best = out / "reward.png", out / "best.png"
     _figure(
@@ -154,6 +200,9 @@ def plot_runs(runs: list[RunData], out: Path) -> list[Path]:
     if any(validation_points(run) for run in runs):
         images.append(out / "validation.png")
         _validation_figure(runs, images[-1])
+    if any(is_agent_run(run) for run in runs):
+        images.append(out / "agent.png")
+        _agent_figure(runs, images[-1])
     return images
 
 
@@ -179,6 +228,9 @@ def table(runs: list[RunData]) -> str:
         "held-out accuracy",
         "stop",
     )
+    agents = any(is_agent_run(run) for run in runs)
+    if agents:
+        head += AGENT_COLUMNS
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in runs:
         last, s = run.metrics[-1], run.summary
@@ -192,15 +244,38 @@ def table(runs: list[RunData]) -> str:
             last.get(run.best_key()),
             last.get("reward_mean"),
             _fmt(last.get("wall_seconds"), 3),
-            _accuracy_change(run),
+            _change(validation_points(run)),
             s.get("stop_reason", "running or killed"),
         )
+        if agents:
+            cells += _agent_cells(run)
         lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
-def _accuracy_change(run: RunData) -> str:
-    points = validation_points(run)
+AGENT_COLUMNS = (
+    "tool-call rate",
+    "valid-call rate",
+    "turns",
+    "trajectory tokens",
+    "tool errors",
+    "held-out tool-call rate",
+    "held-out valid-call rate",
+)
+
+
+def _agent_cells(run: RunData) -> tuple[Any, ...]:
+    """The last step's tool-use figures, then the held-out rates from baseline to last check."""
+    last = next((r for r in reversed(run.metrics) if r.get("agent_turns") is not None), {})
+    rollouts = tuple(
+        _fmt(last.get(f"agent_{key}"), 3)
+        for key in ("tool_call_rate", "valid_call_rate", "turns", "trajectory_tokens")
+    )
+    held_out = (_change(validation_points(run, k)) for k in ("tool_call_rate", "valid_call_rate"))
+    return (*rollouts, _fmt(last.get("agent_tool_errors")), *held_out)
+
+
+def _change(points: list[tuple[int, int, float]]) -> str:
     if not points:
         return "—"
     return f"{points[0][2]:.3f} → {points[-1][2]:.3f}" if len(points) > 1 else f"{points[0][2]:.3f}"
@@ -222,7 +297,12 @@ def _labels(runs: list[RunData]) -> None:
     help="Output folder (default: RUN_DIR/report for one run, reports/compare-<time> for several).",
 )
 def report(run_dirs: tuple[Path, ...], out: Path | None) -> None:
-    """Plot reward and best-so-far of RUN_DIRs (overlaid) and tabulate their final figures."""
+    """Plot reward and best-so-far of RUN_DIRs (overlaid) and tabulate their final figures.
+
+    LLM runs add held-out accuracy (validation.png); agent runs (problem.agent) add tool use
+    (agent.png: tool-call, valid-call and answer rates, turns, tokens, tool errors) and its
+    columns in the table.
+    """
     runs = [load_run(d) for d in run_dirs]
     _labels(runs)
     if out is None:

@@ -28,8 +28,15 @@ from esbox.adapters.tasks import ArithmeticTask
 from esbox.adapters.tasks.rollouts import RolloutEvaluator
 from esbox.specs import OptimizerSpec, Perturbation, Term, Update
 
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "37 * 412"}}'
 PROMPTS = ["Hello", [{"role": "user", "content": "What is 2 + 2?"}], "abc"]
-TINY = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+TINY = dict(
+    hidden_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    max_position_embeddings=2048,  # room for the agent test's tool prompt (a char a token)
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +61,7 @@ def llm(model_dir):
         str(model_dir),
         dtype="float32",
         enforce_eager=True,
-        max_model_len=256,
+        max_model_len=2048,
         max_num_seqs=16,
         seed=0,
     )
@@ -163,7 +170,7 @@ def test_subset_of_tensors(llm):
 def test_a_failing_generation_inside_a_sweep_still_restores(space, backend):
     before = space.checksum()
     base = backend.generate(PROMPTS, max_new_tokens=8)
-    too_long = "x" * 400  # longer than max_model_len: vLLM refuses the request
+    too_long = "x" * 4000  # longer than max_model_len: vLLM refuses the request
     members = [Perturbation(0, 0, 1, 0.5), Perturbation(0, 0, 1, -0.5)]
     refused = pytest.raises(Exception, match=r"maximum (context|model) length")
     with refused, space.sweep(members) as walk:
@@ -231,3 +238,22 @@ def test_runner_trains_and_resumes_bit_identically(llm, backend, space, initial,
 def test_prefix_caching_is_refused(model_dir):
     with pytest.raises(ValueError, match="prefix caching"):
         make_llm(str(model_dir), enable_prefix_caching=True)
+
+
+def test_the_agent_loop_runs_on_the_vllm_backend(backend, model_dir):
+    """Multi-turn tool use over vLLM: the prefilled call runs, its result reaches the second
+    turn's prompt, limits hold; greedy trajectories repeat exactly."""
+    from esbox.adapters.agents.loop import AgentLimits, AgentLoop
+    from esbox.adapters.agents.tools import Calculator
+
+    prefill = f"{CALL}</tool_call>"
+    loop = AgentLoop(backend, [Calculator()], limits=AgentLimits(2, 40, 16), prefill=prefill)
+    questions = [[{"role": "user", "content": q}] for q in ("What is 37 times 412?", "Hi")]
+    first = loop.run(questions)
+    assert [t.to_dict() for t in loop.run(questions)] == [t.to_dict() for t in first]
+    for trajectory in first:
+        assert trajectory.valid_calls >= 1 and trajectory.turns == 2
+        assert trajectory.messages[2] == {"role": "tool", "name": "calculator", "content": "15244"}
+        assert trajectory.tokens <= 40 and trajectory.stop in ("answer", "max_turns", "max_tokens")
+    rendered = loop.prompt(first[0].messages[:3])
+    assert "<tool_response>\n15244\n</tool_response>" in rendered

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from esbox.adapters.tasks.base import Example, Task
+from esbox.adapters.tasks.metrics import summarize as summarize_correct
 from esbox.adapters.tasks.rollouts import HeldoutValidation, RolloutEvaluator
 from esbox.space import ParameterSpace
 from esbox.specs import Perturbation
@@ -156,18 +157,68 @@ class AgentValidation(HeldoutValidation):
 
     def measure(self) -> dict[str, float]:
         examples = self.task.heldout[: self.limit]
-        trajectories: list[Trajectory] = []
-        for i in range(0, len(examples), self.batch_size):
-            trajectories += self.evaluator.run(examples[i : i + self.batch_size], 0, None)
-        pairs = zip(trajectories, examples, strict=True)
-        correct = [self.task.is_correct(t.final or "", e) for t, e in pairs]
-        figures = {
-            "accuracy": float(np.mean(correct)),
-            "mean_reward": float(np.nanmean([t.reward for t in trajectories])),
-            "n": float(len(examples)),
-            **summarize(trajectories),
-        }
+        figures, _ = evaluate_agent(self.evaluator, examples, batch_size=self.batch_size)
         return {f"val_{k}": v for k, v in figures.items()}
+
+
+def evaluate_agent(
+    evaluator: AgentEvaluator,
+    examples: Sequence[Example],
+    *,
+    num_samples: int = 1,
+    batch_size: int = 64,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[dict[str, float], list[list[Trajectory]]]:
+    """Agent rollouts of the model as it is on ``examples``, ``num_samples`` each (sampled unless
+    the evaluator is greedy; no two turns of two samples share a seed), ``batch_size``
+    conversations at a time.
+
+    Returns the figures — accuracy (first sample), mean reward, pass@k for k = 1, 2, 4, ... up to
+    ``num_samples``, ``n`` and the tool-use figures of :func:`summarize` over every trajectory —
+    and the trajectories of each example. ``progress`` gets the questions of each finished batch.
+    """
+    if not examples:
+        raise ValueError("no questions to score")
+    task = evaluator.task
+    per_example: list[list[Trajectory]] = [[] for _ in examples]
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        for sample in range(num_samples):  # the loop seeds turn k of a sample's "step" + k
+            step = sample * evaluator.loop.limits.max_turns
+            for j, t in enumerate(evaluator.run(chunk, step, None)):
+                per_example[i + j].append(t)
+        if progress is not None:
+            progress(len(chunk))
+    pairs = list(zip(per_example, examples, strict=True))
+    correct = [[task.is_correct(t.final or "", e) for t in ts] for ts, e in pairs]
+    rewards = [[t.reward for t in ts] for ts in per_example]
+    ks = sorted({1 << i for i in range(num_samples.bit_length())} | {num_samples})
+    ranked = summarize_correct(correct, ks=ks)
+    figures = {
+        "accuracy": ranked.pop("accuracy"),
+        "mean_reward": float(np.nanmean(rewards)) if np.isfinite(rewards).any() else math.nan,
+        **ranked,
+        "n": float(len(examples)),
+        **summarize([t for ts in per_example for t in ts]),
+    }
+    return figures, per_example
+
+
+def trajectory_records(
+    task: Task,
+    loop: AgentLoop,
+    examples: Sequence[Example],
+    trajectories: Sequence[Sequence[Trajectory]],
+) -> list[dict[str, Any]]:
+    """One JSON-ready record per trajectory of :func:`evaluate_agent`: the question, its gold
+    answer, whether the final answer is right, the system prompt and the trajectory."""
+    return [
+        {"index": j, "sample": s, "question": _question(example), "gold": example.answer,
+         "correct": bool(task.is_correct(t.final or "", example)),
+         "system": loop.system_text(t.messages), **t.to_dict()}
+        for j, (example, ts) in enumerate(zip(examples, trajectories, strict=True))
+        for s, t in enumerate(ts)
+    ]  # fmt: skip
 
 
 def _question(example: Example) -> str:
