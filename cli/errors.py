@@ -16,6 +16,12 @@ class CLIError(click.ClickException):
     exit_code = 2
 
 
+class RunFailed(click.ClickException):
+    """The run started but its objective never gave a usable reward: ``Error: ...``, exit 3."""
+
+    exit_code = 3
+
+
 @contextmanager
 def user_errors(prefix: str = "") -> Iterator[None]:
     """Turn ConfigError / ResumeError (and ``extra`` types) raised inside into a CLIError."""

@@ -9,7 +9,9 @@ import click
 
 from esbox.cli.errors import user_errors
 from esbox.cli.run import (
-    check_strategy,
+    dry_run as check_run,
+)
+from esbox.cli.run import (
     execute,
     finish,
     make_run_directory,
@@ -99,7 +101,7 @@ def optimize(
         raw = apply_overrides(raw, [*settings, *overrides])
     config = resolve_config(raw)
     if dry_run:
-        check_strategy(config)
+        check_run(config)
         click.echo(dumps_yaml(config), nl=False)
         return
     session = prepare(config)

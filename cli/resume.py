@@ -6,8 +6,17 @@ from pathlib import Path
 
 import click
 
+from esbox.checkpoint import latest_checkpoint
 from esbox.cli.errors import CLIError, user_errors
-from esbox.cli.run import execute, finish, prepare, read_config, resolve_config, write_config
+from esbox.cli.run import (
+    CHECKPOINTS,
+    execute,
+    finish,
+    prepare,
+    read_config,
+    resolve_config,
+    write_config,
+)
 from esbox.runconfig import apply_overrides, parse_override
 
 # Keys that may change when resuming: they do not alter the trajectory, only where it stops.
@@ -41,7 +50,27 @@ def resume(run_dir: Path, overrides: tuple[str, ...], quiet: bool) -> None:
                 )
         raw = apply_overrides(raw, overrides)
     config = resolve_config(raw)
+    _check_has_checkpoint(run_dir, config.checkpoint.every)
     session = prepare(config)
     if overrides:
         write_config(run_dir, config)
     finish(execute(session, run_dir, quiet=quiet, resume=True))
+
+
+def _check_has_checkpoint(run_dir: Path, every: int) -> None:
+    """Refuse a run without a checkpoint before anything loads, saying how to re-run it."""
+    try:
+        latest_checkpoint(run_dir / CHECKPOINTS)
+    except FileNotFoundError:
+        why = (
+            "checkpoint.every is 0, so a checkpoint is only written on Ctrl-C or SIGTERM, and "
+            "this run was killed or crashed"
+            if every == 0
+            else f"the run stopped before its first checkpoint (checkpoint.every: {every})"
+        )
+        raise CLIError(
+            f"cannot resume: no checkpoint found in {run_dir / CHECKPOINTS} ({why}). "
+            f"Re-run it from the start with: esbox optimize --config {run_dir / 'config.yaml'} "
+            f"--out {run_dir} --overwrite (add --set checkpoint.every=10 to checkpoint "
+            f"periodically)"
+        ) from None

@@ -12,6 +12,9 @@ import os
 import shutil
 import string
 import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,9 +24,10 @@ import click
 import esbox
 from esbox.adapters.problems import runs
 from esbox.adapters.problems.runs import Session
-from esbox.cli.errors import CLIError, user_errors
+from esbox.cli.errors import CLIError, RunFailed, user_errors
 from esbox.cli.interrupts import guarded
 from esbox.cli.progress import ProgressBar
+from esbox.errors import ConfigWarning, RewardError
 from esbox.runconfig import RunConfig, dumps_yaml, load_yaml
 from esbox.runner import Runner
 from esbox.strategy import Strategy
@@ -51,8 +55,29 @@ def check_strategy(config: RunConfig) -> None:
 
 def prepare(config: RunConfig) -> Session:
     """Build the problem, strategy and budget of ``config`` (CLIError on bad values)."""
-    with user_errors():
+    with user_errors(), config_warnings():
         return runs.build_session(config)
+
+
+def dry_run(config: RunConfig) -> None:
+    """Check ``config`` as a real run would, building what is cheap; evaluate nothing."""
+    with user_errors(), config_warnings():
+        runs.dry_run(config)
+
+
+@contextmanager
+def config_warnings() -> Iterator[None]:
+    """Print each ConfigWarning raised inside as one ``warning: ...`` line on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        yield
+    for warning in caught:
+        if issubclass(warning.category, ConfigWarning):
+            click.echo(f"warning: {warning.message}", err=True)
+        else:
+            warnings.showwarning(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
 
 
 # -- run directories ----------------------------------------------------------------------------
@@ -144,19 +169,29 @@ def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> 
     population = session.strategy.options.population
     bar = ProgressBar(session.budget, population, session.strategy.step, quiet=quiet)
     runner.callbacks.append(bar)
+    error = None
     try:
         with guarded(runner):
             reason = runner.run()
     except KeyboardInterrupt:
         reason = "interrupted"
+    except RewardError as exc:  # the objective is broken: stop, keep what was done, exit 3
+        reason, error = "bad_rewards", str(exc)
     finally:
         bar.close()
         logger.close()
-    return write_summary(session, runner, directory, reason, resumed=resume)
+    summary = write_summary(session, runner, directory, reason, resumed=resume, error=error)
+    return summary
 
 
 def write_summary(
-    session: Session, runner: Runner, directory: Path, reason: str, *, resumed: bool
+    session: Session,
+    runner: Runner,
+    directory: Path,
+    reason: str,
+    *,
+    resumed: bool,
+    error: str | None = None,
 ) -> dict[str, Any]:
     """Save the best parameters and ``summary.json``; returns the summary."""
     saved = {**session.problem.save(directory), **save_contexts(session.strategy, directory)}
@@ -164,8 +199,9 @@ def write_summary(
         if getattr(callback, "baseline", None):
             saved["baseline"] = dict(callback.baseline)
     seconds = runner.elapsed
+    status = {"interrupted": "interrupted", "bad_rewards": "failed"}.get(reason, "finished")
     summary = {
-        "status": "interrupted" if reason == "interrupted" else "finished",
+        "status": status,
         "stop_reason": reason,
         "strategy": session.config.strategy,
         "problem": session.problem.label,
@@ -179,6 +215,7 @@ def write_summary(
         "resumed": resumed,
         "run_dir": str(directory),
         "esbox_version": esbox.__version__,
+        **({"error": error} if error else {}),
     }
     summary = jsonable(summary)
     _write_atomic(directory / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
@@ -210,7 +247,10 @@ def summary_line(summary: dict[str, Any]) -> str:
 
 
 def finish(summary: dict[str, Any]) -> None:
-    """Print the summary line; an interrupted run says how to resume and exits with 130."""
+    """Print the summary line; an interrupted run says how to resume and exits with 130, a run
+    whose objective gave no usable reward exits with 3."""
+    if summary["status"] == "failed":
+        raise RunFailed(f"{summary['error']} (run directory: {summary['run_dir']})")
     click.echo(summary_line(summary))
     if "best_context" in summary:
         preview = " ".join(summary["best_context"].split())

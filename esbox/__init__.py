@@ -1,7 +1,7 @@
 """esbox: Evolution Strategies for black-box optimization and forward-pass-only LLM training."""
 
 from esbox.api import Result, optimize
-from esbox.errors import ConfigError, ResumeError
+from esbox.errors import ConfigError, ResumeError, RewardError, RewardTypeError
 from esbox.evaluation import Evaluator, FunctionEvaluator
 from esbox.registry import available_strategies, get_strategy, make_strategy, register
 from esbox.runner import Budget, Runner
@@ -25,6 +25,8 @@ __all__ = [
     "Perturbation",
     "Result",
     "ResumeError",
+    "RewardError",
+    "RewardTypeError",
     "Runner",
     "Strategy",
     "StrategyOptions",

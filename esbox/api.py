@@ -47,6 +47,7 @@ def optimize(
     checkpoint_every: int = 10,
     resume: str | Path | None = None,
     progress: bool = False,
+    max_nonfinite_steps: int = 1,
     **strategy_options: Any,
 ) -> Result:
     """Optimize ``fn`` from ``x0`` with strategy ``strategy``.
@@ -54,6 +55,9 @@ def optimize(
     ``budget`` counts evaluations (or pass a ``Budget``); ``max_steps``/``max_time`` add step and
     wall-time limits. ``fn`` takes one vector, or a (B, d) batch when ``batched``. With
     ``resume=DIR`` the run continues bit-identically from the newest checkpoint in DIR.
+    A value of ``fn`` that is not a number raises ``RewardTypeError``; ``max_nonfinite_steps``
+    steps in a row where every value is NaN or +-inf raise ``RewardError``. A budget smaller
+    than one step is a ``ConfigError``.
     """
     if not isinstance(budget, Budget):
         budget = Budget(max_evaluations=budget, max_steps=max_steps, max_seconds=max_time)
@@ -69,6 +73,7 @@ def optimize(
         checkpoint_dir=checkpoint_dir or resume,
         checkpoint_every=checkpoint_every if (checkpoint_dir or resume) else 0,
         progress=progress,
+        max_nonfinite_steps=max_nonfinite_steps,
     )
     if resume is not None:
         runner.resume(resume)

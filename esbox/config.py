@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, get_type_hints
 
-from esbox.errors import ConfigError, unknown_key_message
+from esbox.errors import ConfigError, close_match_hint, unknown_key_message
 
 
 def option(
@@ -16,9 +17,17 @@ def option(
     choices: tuple[str, ...] | None = None,
     minimum: float | None = None,
     exclusive_minimum: bool = False,
+    form: str | None = None,
 ) -> Any:
-    """A dataclass field carrying its help text, allowed choices and lower bound."""
-    meta = {"help": help, "choices": choices, "minimum": minimum, "exclusive": exclusive_minimum}
+    """A dataclass field carrying its help text, allowed choices, lower bound and, where the
+    type alone does not say it, the allowed ``form`` in words (for error messages)."""
+    meta = {
+        "help": help,
+        "choices": choices,
+        "minimum": minimum,
+        "exclusive": exclusive_minimum,
+        "form": form,
+    }
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -79,12 +88,15 @@ def build_options(cls: type, values: dict[str, Any], where: str = "option") -> A
     for key, value in values.items():
         meta = fields[key].metadata
         if not _accepts(value, hints[key]):
+            form = meta.get("form") or f"of type {_yaml_type_name(hints[key])}"
+            raise ConfigError(f"{where} '{key}' must be {form}, got {value!r:.80}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where} '{key}' must be a finite number, got {value}")
+        choices = meta.get("choices")
+        if choices and (not isinstance(value, str) or value not in choices):
+            hint = close_match_hint(str(value), choices)
             raise ConfigError(
-                f"{where} '{key}' must be of type {_type_name(hints[key])}, got {value!r}"
-            )
-        if meta.get("choices") and value not in meta["choices"]:
-            raise ConfigError(
-                f"{where} '{key}' is '{value}'; allowed: {', '.join(meta['choices'])}"
+                f"{where} '{key}' is {value!r:.80}{hint} (allowed: {', '.join(choices)})"
             )
         low = meta.get("minimum")
         if low is not None and isinstance(value, (int, float)):
@@ -95,10 +107,28 @@ def build_options(cls: type, values: dict[str, Any], where: str = "option") -> A
     return cls(**values)
 
 
+_NAMES = {dict: "mapping", type(None): "null", str: "str", int: "int", float: "float"}
+
+
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) is None and hasattr(hint, "__name__"):
         return hint.__name__
     return str(hint).replace("typing.", "")
+
+
+def _yaml_type_name(hint: Any) -> str:
+    """A type as a user writes it in YAML: ``int | null``, ``list``, ``mapping``."""
+    origin = typing.get_origin(hint)
+    if origin in _UNIONS:
+        names = [_yaml_type_name(arg) for arg in typing.get_args(hint)]
+        return " | ".join(dict.fromkeys(n for n in names if n))
+    if origin is not None:  # list[int], tuple[int, ...]
+        return _type_name(hint)
+    if hint in _NAMES:
+        return _NAMES[hint]
+    if getattr(hint, "__module__", "") == "builtins":
+        return hint.__name__
+    return ""  # a Python class (e.g. a schedule object) is not something YAML can spell
 
 
 def describe_options(cls: type) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from esbox.errors import check_reward_values
 from esbox.space import ParameterSpace, VectorSpace
 from esbox.specs import Perturbation
 
@@ -24,7 +25,9 @@ class Evaluator(Protocol):
 class FunctionEvaluator:
     """Scores vectors with a black-box function of one vector, or of a batch when ``batched``.
 
-    Costs are negated when ``minimize``. The best vector seen is kept (copied on improvement).
+    Costs are negated when ``minimize``. A value that is not a number (None, a string) raises
+    ``RewardTypeError`` at once; NaN and +-inf are passed on (the Runner's rule applies).
+    The best vector seen is kept (copied on improvement).
     In batched mode at most ``batch_size`` perturbed vectors exist at once.
     """
 
@@ -63,7 +66,9 @@ class FunctionEvaluator:
             for lo in range(0, len(perturbations), self.batch_size):
                 with space.sweep(perturbations[lo : lo + self.batch_size]) as members:
                     batch = np.stack([space.vector.copy() for _ in members])
-                out = np.asarray(self.fn(batch), dtype=np.float64).reshape(-1)
+                out = self.fn(batch)
+                check_reward_values(out, "the batched function")
+                out = np.asarray(out, dtype=np.float64).reshape(-1)
                 if out.size != len(batch):
                     raise ValueError(
                         f"batched function returned {out.size} values for {len(batch)} inputs"
@@ -90,6 +95,7 @@ class FunctionEvaluator:
 
 
 def _scalar(value: Any) -> float:
+    check_reward_values(value, "the function")
     array = np.asarray(value, dtype=np.float64)
     if array.size != 1:
         raise ValueError(

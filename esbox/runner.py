@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from esbox.checkpoint import (
     HISTORY,
     append_history,
@@ -19,7 +21,7 @@ from esbox.checkpoint import (
     read_history,
     save_checkpoint,
 )
-from esbox.errors import ConfigError, ResumeError
+from esbox.errors import ConfigError, ResumeError, RewardError, check_reward_values
 from esbox.evaluation import Evaluator
 from esbox.space import ParameterSpace
 from esbox.strategy import Strategy
@@ -46,6 +48,22 @@ class Budget:
         for key, value in values.items():
             if value is not None and value <= 0:
                 raise ConfigError(f"budget {key} must be > 0, got {value}")
+
+
+def population_of(strategy: Strategy) -> int:
+    """Members per step: the ``population`` option (or the length of ``ask()`` without one)."""
+    population = getattr(getattr(strategy, "options", None), "population", None)
+    return int(population) if isinstance(population, int) else len(strategy.ask())
+
+
+def check_budget_fits(max_evaluations: int, population: int) -> None:
+    """ConfigError when ``max_evaluations`` cannot pay for a single step of ``population``."""
+    if max_evaluations < population:
+        raise ConfigError(
+            f"budget max_evaluations ({max_evaluations}) is smaller than one step: a step "
+            f"evaluates the whole population, so the smallest budget that runs one step is "
+            f"{population} (or lower the population)"
+        )
 
 
 @contextmanager
@@ -95,9 +113,16 @@ class Runner:
         checkpoint_every: int = 0,
         keep_checkpoints: int | None = 3,
         progress: bool = False,
+        max_nonfinite_steps: int = 1,
     ) -> None:
         if checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+        if isinstance(max_nonfinite_steps, bool) or not isinstance(max_nonfinite_steps, int):
+            raise ConfigError(f"max_nonfinite_steps must be an int, got {max_nonfinite_steps!r}")
+        if max_nonfinite_steps < 1:
+            raise ConfigError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self._nonfinite_streak = 0
         self.space, self.strategy, self.evaluator, self.budget = space, strategy, evaluator, budget
         self.callbacks = list(callbacks)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -128,6 +153,7 @@ class Runner:
         start = time.perf_counter()
         perturbations = self.strategy.ask()
         rewards = self.evaluator.evaluate(self.space, perturbations)
+        self._check_rewards(rewards, len(perturbations))
         with held_signals():
             update = self.strategy.tell(rewards)
             update_norm = self.space.apply(update)
@@ -143,12 +169,36 @@ class Runner:
             self.history.append(metrics)
         return metrics
 
+    def _check_rewards(self, rewards: Any, population: int) -> None:
+        """A non-number is a RewardTypeError; ``max_nonfinite_steps`` steps in a row without a
+        single finite reward stop the run with a RewardError (the objective is broken)."""
+        check_reward_values(rewards, "the evaluator")
+        if np.isfinite(np.asarray(rewards, dtype=np.float64)).any():
+            self._nonfinite_streak = 0
+            return
+        self._nonfinite_streak += 1
+        if self._nonfinite_streak >= self.max_nonfinite_steps:
+            raise RewardError(
+                f"no finite reward in {self._nonfinite_streak} step(s) in a row (last: step "
+                f"{self.strategy.step}, all {population} rewards NaN or +-inf): the objective "
+                f"never gave a usable number; check that it returns a finite value "
+                f"(in Python, max_nonfinite_steps allows more such steps)"
+            )
+
+    def check_budget(self) -> None:
+        """On a fresh run, refuse an evaluation budget smaller than one step (ConfigError)."""
+        limit = self.budget.max_evaluations
+        if limit is None or self.strategy.step or self.evaluations:
+            return
+        check_budget_fits(limit, population_of(self.strategy))
+
     def run(self) -> str:
         """Run until the budget or a callback stops it; returns the stop reason.
 
         On a fresh run, callbacks with an ``on_start(runner)`` method (e.g. a baseline
         evaluation) are called once before the first step.
         """
+        self.check_budget()
         if self.strategy.step == 0 and not self.history:
             for cb in self.callbacks:
                 if hasattr(cb, "on_start"):

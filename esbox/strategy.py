@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from esbox.config import build_options, option
-from esbox.errors import ConfigError, ResumeError
+from esbox.errors import ConfigError, ResumeError, check_reward_values
 from esbox.optimizers import OPTIMIZERS
-from esbox.schedules import ScheduleLike, make_schedule, schedule_to_config
+from esbox.schedules import SCHEDULE_FORM, ScheduleLike, make_schedule, schedule_to_config
 from esbox.shaping import SHAPINGS, sanitize, shape
 from esbox.specs import OptimizerSpec, Perturbation, Term, Update
 
@@ -29,8 +29,12 @@ class StrategyOptions:
     """Options every strategy understands."""
 
     population: int = option(16, "members per step (N)", minimum=1)
-    sigma: ScheduleLike = option(0.02, "noise scale: a number or a schedule mapping")
-    learning_rate: ScheduleLike = option(0.01, "step size: a number or a schedule mapping")
+    sigma: ScheduleLike = option(
+        0.02, "noise scale: a number or a schedule mapping", form=SCHEDULE_FORM
+    )
+    learning_rate: ScheduleLike = option(
+        0.01, "step size: a number or a schedule mapping", form=SCHEDULE_FORM
+    )
     shaping: str = option("centered_ranks", "reward shaping", choices=SHAPINGS)
     optimizer: str = option("sgd", "how the gradient estimate becomes a step", choices=OPTIMIZERS)
     momentum: float = option(0.0, "SGD momentum in [0, 1)", minimum=0.0)
@@ -52,13 +56,11 @@ class Strategy(ABC):
         self.dimension = dimension
         self.seed = int(seed)
         self.options = build_options(self.Options, options, where=f"{self.name} option")
-        self.sigma = make_schedule(self.options.sigma, "sigma")
-        self.learning_rate = make_schedule(self.options.learning_rate, "learning_rate")
-        # an annealed sigma must not reach 0 either: the gradient estimate divides by it
-        if self.sigma(0) <= 0 or getattr(self.sigma, "end", 1.0) <= 0:
-            raise ConfigError(
-                f"sigma must be > 0 at every step, got {schedule_to_config(self.sigma)}"
-            )
+        try:  # sigma must be > 0 at every step: the gradient estimate divides by it
+            self.sigma = make_schedule(self.options.sigma, "sigma", positive=True)
+            self.learning_rate = make_schedule(self.options.learning_rate, "learning_rate")
+        except ConfigError as exc:
+            raise ConfigError(f"{self.name or 'strategy'} option {exc}") from None
         self.optimizer = OptimizerSpec(
             name=self.options.optimizer,
             momentum=self.options.momentum,
@@ -123,6 +125,7 @@ class Strategy(ABC):
         if self._pending is None:
             raise RuntimeError("tell() called without a pending ask(): call ask() first")
         perturbations = self._pending
+        check_reward_values(rewards, "the evaluator")
         raw = np.asarray(rewards, dtype=np.float64).reshape(-1)
         if raw.size != len(perturbations):
             raise ValueError(f"tell() got {raw.size} rewards for {len(perturbations)} members")
@@ -199,6 +202,12 @@ class Strategy(ABC):
         probe = np.random.Generator(np.random.PCG64())
         probe.bit_generator.state = self._rng.bit_generator.state
         return [int(s) for s in probe.integers(0, SEED_BOUND, size=count)]
+
+
+def nearest_multiples(n: int, step: int) -> str:
+    """``"16 or 20"``: the multiples of ``step`` nearest ``n`` (below and above), for hints."""
+    below, above = n // step * step, (n // step + 1) * step
+    return f"{below} or {above}" if below > 0 else str(above)
 
 
 def gradient_terms(

@@ -9,17 +9,19 @@ g_k = sum_i r_ki P_k eps_ki / (N_k sigma_k). K = 1 is exactly OpenAI-ES.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from esbox.config import option
-from esbox.errors import ConfigError
+from esbox.errors import ConfigError, ConfigWarning
 from esbox.registry import register
 from esbox.shaping import SHAPINGS, shape
 from esbox.specs import Perturbation
 from esbox.strategies.openai_es import OpenAIES
+from esbox.strategy import nearest_multiples
 
 
 @register("copes")
@@ -42,12 +44,26 @@ class CoPES(OpenAIES):
 
     def _validate(self) -> None:
         n, k = self.options.population, self.options.subspaces
+        antithetic = self.options.antithetic
+        valid = f"nearest valid populations: {nearest_multiples(n, 2 * k if antithetic else k)}"
         if n % k:
-            raise ConfigError(f"population ({n}) must be divisible by subspaces ({k})")
-        if self.options.antithetic and (n // k) % 2:
+            raise ConfigError(
+                f"population ({n}) must be divisible by subspaces ({k}); {valid}"
+                + (f" (a multiple of 2 x {k} with antithetic pairs)" if antithetic else "")
+            )
+        if antithetic and (n // k) % 2:
             raise ConfigError(
                 f"antithetic sampling needs an even number of members per "
-                f"subspace; population/subspaces = {n // k}"
+                f"subspace; population/subspaces = {n // k}; {valid} "
+                f"(or set antithetic=false)"
+            )
+        if k > self.dimension and self.options.partition:
+            warnings.warn(
+                f"copes option subspaces ({k}) exceeds the dimension ({self.dimension}): "
+                f"{k - self.dimension} subspaces are empty at every step and their members "
+                f"evaluate the unperturbed point; use subspaces <= {self.dimension}",
+                ConfigWarning,
+                stacklevel=4,
             )
 
     def _ask(self, sigma: float) -> list[Perturbation]:

@@ -20,7 +20,7 @@ import numpy as np
 from esbox.config import option
 from esbox.errors import ConfigError
 from esbox.registry import register
-from esbox.schedules import Cosine, ScheduleLike
+from esbox.schedules import SCHEDULE_FORM, Cosine, ScheduleLike
 from esbox.shaping import SHAPINGS, shape
 from esbox.specs import Perturbation, Term, Update
 from esbox.strategy import Strategy, StrategyOptions, gradient_terms
@@ -36,7 +36,9 @@ class ESOpt(Strategy):
 
     @dataclass
     class Options(StrategyOptions):
-        sigma: ScheduleLike = option(0.02, "sigma_0 (a number gets the cosine decay) or a schedule")
+        sigma: ScheduleLike = option(
+            0.02, "sigma_0 (a number gets the cosine decay) or a schedule", form=SCHEDULE_FORM
+        )
         shaping: str = option("zscore", "reward shaping", choices=SHAPINGS)
         decay_steps: int = option(100, "T of the cosine sigma decay", minimum=1)
         sigma_min_ratio: float = option(0.1, "sigma_min / sigma_0 of the cosine decay", minimum=0.0)

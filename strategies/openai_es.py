@@ -15,7 +15,7 @@ from esbox.config import option
 from esbox.errors import ConfigError
 from esbox.registry import register
 from esbox.specs import Perturbation, Term
-from esbox.strategy import Strategy, StrategyOptions, gradient_terms
+from esbox.strategy import Strategy, StrategyOptions, gradient_terms, nearest_multiples
 
 
 @register("openai_es")
@@ -30,8 +30,10 @@ class OpenAIES(Strategy):
 
     def _validate(self) -> None:
         if self.options.antithetic and self.options.population % 2:
+            n = self.options.population
             raise ConfigError(
-                f"population must be even with antithetic sampling, got {self.options.population}"
+                f"population must be even with antithetic sampling, got {n}; nearest valid "
+                f"populations: {nearest_multiples(n, 2)} (or set antithetic=false)"
             )
 
     def group(

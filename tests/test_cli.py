@@ -255,7 +255,7 @@ ERRORS = [
     (["--set", "options.sigma=fast"], ["sigma"]),
     (["--set", "options.population=0"], ["'population'", ">= 1"]),
     (["--set", "budget.max_steps=-5"], ["'max_steps'", ">= 1"]),
-    (["--set", "options.sigma=-0.1"], ["sigma", ">= 0"]),
+    (["--set", "options.sigma=-0.1"], ["sigma", "> 0"]),
     (["--set", "options.population=18"], ["population (18)", "subspaces (4)"]),
     (["--set", "problem.name=nope"], ["'name'", "rastrigin"]),
     (["--set", "problem.kind=quantum"], ["problem.kind 'quantum'"]),
@@ -413,7 +413,7 @@ def test_resume_can_extend_the_budget(tmp_path):
     [
         (None, ["resume", "nowhere"], ["nowhere", "does not exist"]),
         ("empty", ["resume", "{dir}"], ["config.yaml", "run directory"]),
-        ("nockpt", ["resume", "{dir}"], ["cannot resume", "no checkpoint"]),
+        ("nockpt", ["resume", "{dir}"], ["cannot resume", "no checkpoint", "--overwrite"]),
         ("run", ["resume", "{dir}", "--set", "options.sigma=1"], ["budget.*", "options.sigma"]),
         ("run", ["resume", "{dir}", "--set", "budget.max_stepz=1"], ["max_stepz", "max_steps"]),
     ],

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from esbox.errors import close_match_hint
+
 Kernel = Callable[..., np.ndarray]
 Shift = np.ndarray | int | None
 
@@ -211,7 +213,9 @@ FUNCTIONS: dict[str, BenchmarkFunction] = {
 def get_function(name: str, *, shift: Shift = None, **params: Any) -> BenchmarkFunction:
     """Look a benchmark up by name, optionally shifted (f(x - shift)) or re-parametrised."""
     if name not in FUNCTIONS:
-        raise ValueError(f"unknown benchmark function {name!r}; known: {sorted(FUNCTIONS)}")
+        hint = close_match_hint(str(name), FUNCTIONS)
+        known = ", ".join(FUNCTIONS)
+        raise ValueError(f"unknown benchmark function {name!r}{hint} (known: {known})")
     return FUNCTIONS[name].with_options(shift=shift, **params)
 
 

@@ -242,6 +242,7 @@ def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
     "ES post-training of a causal LM on a task",
     normalize=_llm_normalize,
     check=_llm_check,
+    dry_run=False,  # building loads the model: --dry-run only runs the checks
 )
 def _llm(options: LLMProblemOptions, seed: int) -> Problem:
     run = build_llm(options, seed)

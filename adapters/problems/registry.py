@@ -44,6 +44,7 @@ class ProblemKind:
     help: str
     normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     check: Callable[[dict[str, Any], Strategy], None] | None = None
+    dry_run: bool = True  # ``--dry-run`` builds it (false where building loads a model)
 
 
 PROBLEM_KINDS: dict[str, ProblemKind] = {}
@@ -55,13 +56,14 @@ def problem_kind(
     help: str,
     normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     check: Callable[[dict[str, Any], Strategy], None] | None = None,
+    dry_run: bool = True,
 ) -> Callable[[Callable[[Any, int], Problem]], Callable[[Any, int], Problem]]:
     """Register ``build(options, seed) -> Problem`` as ``problem.kind: name``."""
 
     def decorate(build: Callable[[Any, int], Problem]) -> Callable[[Any, int], Problem]:
         if name in PROBLEM_KINDS:
             raise ValueError(f"problem kind '{name}' is already registered")
-        PROBLEM_KINDS[name] = ProblemKind(name, options, build, help, normalize, check)
+        PROBLEM_KINDS[name] = ProblemKind(name, options, build, help, normalize, check, dry_run)
         return build
 
     return decorate
@@ -85,6 +87,11 @@ def check_problem(problem: dict[str, Any], strategy: Strategy) -> None:
         kind.check(problem, strategy)
 
 
+def builds_on_dry_run(problem: dict[str, Any]) -> bool:
+    """Whether ``--dry-run`` builds this problem (cheap kinds) or only checks it."""
+    return PROBLEM_KINDS[problem["kind"]].dry_run
+
+
 def build_problem(problem: dict[str, Any], seed: int) -> Problem:
     """The Problem of a resolved problem section; bad values raise ConfigError."""
     kind = PROBLEM_KINDS[problem["kind"]]
@@ -93,5 +100,9 @@ def build_problem(problem: dict[str, Any], seed: int) -> Problem:
         return kind.build(options, seed)
     except ConfigError:
         raise
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise ConfigError(f"problem: {exc}") from None
+    except MemoryError:
+        raise ConfigError(
+            "problem: not enough memory to build it (is the dimension too large?)"
+        ) from None

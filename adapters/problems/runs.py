@@ -7,17 +7,26 @@ gets the exact problem a YAML config describes with :func:`load_run`, and can ru
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from esbox.errors import ConfigWarning
 from esbox.registry import make_strategy
 from esbox.runconfig import RunConfig, apply_overrides, load_yaml, resolve
-from esbox.runner import Budget, Callback, Runner
+from esbox.runner import Budget, Callback, Runner, check_budget_fits, population_of
 from esbox.strategy import Strategy
 
-from .registry import Problem, build_problem, check_problem, normalize_problem, problem_options
+from .registry import (
+    Problem,
+    build_problem,
+    builds_on_dry_run,
+    check_problem,
+    normalize_problem,
+    problem_options,
+)
 
 
 @dataclass
@@ -54,9 +63,24 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
 
 
 def check_strategy(config: RunConfig) -> None:
-    """Build the strategy on a 1-d placeholder: catches bad option combinations cheaply."""
-    strategy = make_strategy(config.strategy, 1, seed=config.seed, **config.options)
+    """Build the strategy on a 1-d placeholder: catches bad option combinations cheaply, and
+    an evaluation budget too small for one step."""
+    with warnings.catch_warnings():  # warnings about the dimension wait for the real one
+        warnings.simplefilter("ignore", ConfigWarning)
+        strategy = make_strategy(config.strategy, 1, seed=config.seed, **config.options)
     check_problem(config.problem, strategy)
+    if config.budget.max_evaluations is not None:
+        check_budget_fits(config.budget.max_evaluations, population_of(strategy))
+
+
+def dry_run(config: RunConfig) -> None:
+    """Everything a real run checks, without evaluating: the strategy, its fit with the
+    problem and the budget, and the problem and strategy built (kinds that load a model only
+    run their checks)."""
+    if builds_on_dry_run(config.problem):
+        build_session(config)
+    else:
+        check_strategy(config)
 
 
 def build_session(config: RunConfig) -> Session:
