@@ -6,6 +6,7 @@ A tool turns an arguments object into the text the model reads. Arguments are va
 
 from __future__ import annotations
 
+import abc
 import inspect
 import typing
 from collections.abc import Callable, Sequence
@@ -21,15 +22,16 @@ class ToolError(Exception):
     """A failure the model should read (bad input, nothing found), not a bug in the tool."""
 
 
-class Tool:
+class Tool(abc.ABC):
     """A named function the model can call; subclasses set the three attributes and ``__call__``."""
 
     name: str
     description: str
     parameters: dict[str, Any]
 
+    @abc.abstractmethod
     def __call__(self, **arguments: Any) -> str:
-        raise NotImplementedError(f"{type(self).__name__} must implement __call__")
+        """The text the model reads for these (already validated) arguments."""
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI/Hugging Face function-tool schema, as chat templates take it."""
