@@ -14,14 +14,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from esbox.adaptation import ADAPTIVE_FORM, SigmaAdaptation, SuccessRule, is_adaptive
 from esbox.config import build_options, option
 from esbox.errors import ConfigError, ResumeError, check_reward_values
 from esbox.optimizers import OPTIMIZERS
-from esbox.schedules import SCHEDULE_FORM, ScheduleLike, make_schedule, schedule_to_config
+from esbox.schedules import (
+    SCHEDULE_FORM,
+    Constant,
+    ScheduleLike,
+    make_schedule,
+    schedule_to_config,
+)
 from esbox.shaping import SHAPINGS, sanitize, shape
 from esbox.specs import OptimizerSpec, Perturbation, Term, Update
 
 SEED_BOUND = 2**62
+SIGMA_FORM = f"{SCHEDULE_FORM}, or {ADAPTIVE_FORM}"
 
 
 @dataclass
@@ -30,7 +38,7 @@ class StrategyOptions:
 
     population: int = option(16, "members per step (N)", minimum=1)
     sigma: ScheduleLike = option(
-        0.02, "noise scale: a number or a schedule mapping", form=SCHEDULE_FORM
+        0.02, "noise scale: a number, a schedule mapping, or {kind: adaptive}", form=SIGMA_FORM
     )
     learning_rate: ScheduleLike = option(
         0.01, "step size: a number or a schedule mapping", form=SCHEDULE_FORM
@@ -49,6 +57,9 @@ class Strategy(ABC):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     Options: ClassVar[type[StrategyOptions]] = StrategyOptions
+    # While sigma adapts, lr_t = lr_0 (sigma_t / sigma_0)^power keeps a step proportional to
+    # sigma: 2 for the canonical estimate sum r eps / (N sigma), 1 for reward-weighted updates.
+    adaptive_rate_power: ClassVar[int] = 2
 
     def __init__(self, dimension: int, *, seed: int = 0, **options: Any) -> None:
         if not isinstance(dimension, int) or dimension < 1:
@@ -56,8 +67,14 @@ class Strategy(ABC):
         self.dimension = dimension
         self.seed = int(seed)
         self.options = build_options(self.Options, options, where=f"{self.name} option")
+        self.sigma_adaptation: SigmaAdaptation | None = None
         try:  # sigma must be > 0 at every step: the gradient estimate divides by it
-            self.sigma = make_schedule(self.options.sigma, "sigma", positive=True)
+            if is_adaptive(self.options.sigma):
+                rule = SuccessRule.from_config(self.options.sigma)
+                self.sigma_adaptation = SigmaAdaptation(rule)
+                self.sigma = Constant(rule.initial)
+            else:
+                self.sigma = make_schedule(self.options.sigma, "sigma", positive=True)
             self.learning_rate = make_schedule(self.options.learning_rate, "learning_rate")
         except ConfigError as exc:
             raise ConfigError(f"{self.name or 'strategy'} option {exc}") from None
@@ -94,6 +111,11 @@ class Strategy(ABC):
     def _extra_state(self) -> dict[str, Any]:
         return {}
 
+    @classmethod
+    def population_multiple(cls, options: dict[str, Any]) -> int:
+        """What a population must be a multiple of under ``options`` (for default sizes)."""
+        return 1
+
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         """Restore what ``_extra_state`` saved."""
 
@@ -113,11 +135,24 @@ class Strategy(ABC):
         """A perturbation spec of this step."""
         return Perturbation(self.seed, self.step, seed, scale, subspace, num_subspaces, context)
 
+    def current_sigma(self) -> float:
+        """Sigma of this step: the adapted value, or the schedule's at this step."""
+        if self.sigma_adaptation is not None:
+            return self.sigma_adaptation.sigma
+        return self.sigma(self.step)
+
+    def current_learning_rate(self) -> float:
+        """The learning rate of this step (following sigma while sigma adapts)."""
+        rate = self.learning_rate(self.step)
+        if self.sigma_adaptation is not None:
+            rate *= self.sigma_adaptation.rate_factor(self.adaptive_rate_power)
+        return rate
+
     # -- ask / tell ------------------------------------------------------------------------------
     def ask(self) -> list[Perturbation]:
         """The population to evaluate; asking again before ``tell`` returns the same one."""
         if self._pending is None:
-            self._pending = self._ask(self.sigma(self.step))
+            self._pending = self._ask(self.current_sigma())
         return list(self._pending)
 
     def tell(self, rewards: Sequence[float] | np.ndarray) -> Update:
@@ -135,7 +170,7 @@ class Strategy(ABC):
             self.seed,
             self.step,
             tuple(self._terms(perturbations, shaped)),
-            self.learning_rate(self.step),
+            self.current_learning_rate(),
             self.optimizer,
         )
         finite = raw[np.isfinite(raw)]
@@ -146,7 +181,7 @@ class Strategy(ABC):
             ]
         self.metrics = {
             "step": self.step,
-            "sigma": self.sigma(self.step),
+            "sigma": self.current_sigma(),
             "learning_rate": update.learning_rate,
             "reward_mean": float(finite.mean()) if finite.size else float("nan"),
             "reward_std": float(finite.std()) if finite.size else float("nan"),
@@ -155,6 +190,8 @@ class Strategy(ABC):
             "best_reward": self.best_reward,
             "nonfinite_rewards": n_bad,
         }
+        if self.sigma_adaptation is not None:
+            self.sigma_adaptation.observe(clean)
         self.step += 1
         self._pending = None
         return update
@@ -163,7 +200,10 @@ class Strategy(ABC):
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state: options, step, seed stream, best-so-far and pending ask."""
         options = dataclasses.asdict(self.options)
-        options["sigma"] = schedule_to_config(self.sigma)
+        adaptation = self.sigma_adaptation
+        options["sigma"] = (
+            adaptation.rule.to_config() if adaptation else schedule_to_config(self.sigma)
+        )
         options["learning_rate"] = schedule_to_config(self.learning_rate)
         return {
             "name": self.name,
@@ -178,6 +218,7 @@ class Strategy(ABC):
             else None,
             "pending": [p.to_dict() for p in self._pending] if self._pending is not None else None,
             "extra": self._extra_state(),
+            "sigma_adaptation": adaptation.state_dict() if adaptation else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -196,6 +237,8 @@ class Strategy(ABC):
         pending = state["pending"]
         self._pending = [Perturbation(**p) for p in pending] if pending is not None else None
         self._load_extra_state(state["extra"])
+        if self.sigma_adaptation is not None:
+            self.sigma_adaptation.load_state_dict(state["sigma_adaptation"])
 
     def peek_seeds(self, count: int = 4) -> list[int]:
         """The next ``count`` seeds of the stream, without consuming them (resume check)."""

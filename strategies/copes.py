@@ -42,6 +42,13 @@ class CoPES(OpenAIES):
         scale_sigma: bool = option(True, "use sigma_k = sqrt(K) sigma (dimension-aware scale)")
         partition: bool = option(True, "false: standard ES on all coordinates (ablation)")
 
+    @classmethod
+    def population_multiple(cls, options: dict) -> int:
+        k = options.get("subspaces", 4)
+        if options.get("partition", True) is False or isinstance(k, bool) or not isinstance(k, int):
+            return super().population_multiple(options)
+        return max(k, 1) * super().population_multiple(options)
+
     def _validate(self) -> None:
         n, k = self.options.population, self.options.subspaces
         antithetic = self.options.antithetic

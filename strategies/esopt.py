@@ -20,10 +20,10 @@ import numpy as np
 from esbox.config import option
 from esbox.errors import ConfigError
 from esbox.registry import register
-from esbox.schedules import SCHEDULE_FORM, Cosine, ScheduleLike
+from esbox.schedules import Cosine, ScheduleLike
 from esbox.shaping import SHAPINGS, shape
 from esbox.specs import Perturbation, Term, Update
-from esbox.strategy import Strategy, StrategyOptions, gradient_terms
+from esbox.strategy import SIGMA_FORM, Strategy, StrategyOptions, gradient_terms
 
 ContextProposer = Callable[[str, Sequence[str], Sequence[float]], str]
 
@@ -33,11 +33,14 @@ class ESOpt(Strategy):
     """Reward-weighted online ES with cosine sigma decay and optional context co-evolution."""
 
     description = "Agentic ESOpt: reward-weighted update, cosine sigma decay, context co-evolution"
+    adaptive_rate_power = 1  # no 1/sigma in the update: lr follows sigma_t / sigma_0
 
     @dataclass
     class Options(StrategyOptions):
         sigma: ScheduleLike = option(
-            0.02, "sigma_0 (a number gets the cosine decay) or a schedule", form=SCHEDULE_FORM
+            0.02,
+            "sigma_0 (a number gets the cosine decay), a schedule or adaptive",
+            form=SIGMA_FORM,
         )
         shaping: str = option("zscore", "reward shaping", choices=SHAPINGS)
         decay_steps: int = option(100, "T of the cosine sigma decay", minimum=1)

@@ -28,6 +28,10 @@ class OpenAIES(Strategy):
     class Options(StrategyOptions):
         antithetic: bool = option(True, "evaluate +eps and -eps pairs (needs an even group size)")
 
+    @classmethod
+    def population_multiple(cls, options: dict) -> int:
+        return 2 if options.get("antithetic", True) is not False else 1
+
     def _validate(self) -> None:
         if self.options.antithetic and self.options.population % 2:
             n = self.options.population

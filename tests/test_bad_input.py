@@ -170,7 +170,7 @@ def test_cli_refuses_a_budget_smaller_than_one_step(tmp_path, dry) -> None:
         "optimize", "-q", "--set", "budget.max_evaluations=10", "--out", "run", *dry, cwd=tmp_path
     )
     assert result.exit_code == 2, result.output
-    assert "smallest budget that runs one step is 16" in result.output
+    assert "smallest budget that runs one step is 24" in result.output  # default N at d = 100
     assert not (tmp_path / "run").exists()
 
 

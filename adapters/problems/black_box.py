@@ -23,6 +23,7 @@ from .registry import Problem, problem_kind
 
 DTYPES = ("float32", "float64")
 
+
 # -- vectors ------------------------------------------------------------------------------------
 def _vector(value: Any, dimension: int | None, key: str) -> np.ndarray:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -73,6 +74,10 @@ class FunctionProblem:
     dtype: str = option("float64", "parameter dtype", choices=DTYPES)
     batch_size: int = option(64, "members evaluated per vectorised call", minimum=1)
 
+    def vector_dimension(self) -> int:
+        """d: the run gets the black-box strategy defaults for it."""
+        return self.dimension
+
 
 @problem_kind("function", FunctionProblem, "a built-in benchmark function, minimized")
 def _function(options: FunctionProblem, seed: int) -> Problem:
@@ -102,6 +107,12 @@ class CallableProblem:
     batched: bool = option(False, "the function takes a (B, d) batch and returns B values")
     batch_size: int = option(64, "members per call when batched", minimum=1)
     dtype: str = option("float64", "parameter dtype", choices=DTYPES)
+
+    def vector_dimension(self) -> int | None:
+        """d (the length of x0, or ``dimension``): the run gets the black-box defaults for it."""
+        if isinstance(self.x0, list):
+            return len(self.x0)
+        return self.dimension
 
 
 def _split_target(target: str) -> tuple[str, str]:
