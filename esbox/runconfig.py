@@ -107,6 +107,8 @@ def resolve(data: Mapping[str, Any] | None, problem_kinds: Mapping[str, type]) -
     config = build_options(RunConfig, {**data, **values}, where="config key")
     get_strategy(config.strategy)  # an unknown strategy is reported before the problem
     config.problem = resolve_problem(config.problem, problem_kinds)
+    dimension = vector_dimension(config.problem, problem_kinds)
+    config.options = resolve_options(config.strategy, config.options, dimension)
     _check_budget(config.budget)
     return config
 
@@ -120,6 +122,8 @@ def resolve_options(
     (``esbox.defaults``), as ``make_strategy`` gives them on a ``VectorSpace``.
     """
     cls = get_strategy(strategy)
+    if vector_dimension is not None:
+        options = {**black_box_defaults(cls, vector_dimension, options), **options}
     try:
         built = build_options(cls.Options, dict(options), where=f"{strategy} option")
     except ConfigError as exc:
@@ -152,8 +156,6 @@ def _elsewhere(strategy: str, options: Mapping[str, Any]) -> str:
         ]
         if names:
             hints.append(f"options.{key} is an option of strategy {', '.join(names)}")
-    dimension = vector_dimension(config.problem, problem_kinds)
-    config.options = resolve_options(config.strategy, config.options, dimension)
     return "; " + "; ".join(hints) if hints else ""
 
 
@@ -161,12 +163,19 @@ def resolve_problem(problem: Mapping[str, Any], problem_kinds: Mapping[str, type
     """The problem section with ``kind`` and every default of that kind filled in."""
     values = dict(problem)
     kind = values.pop("kind", DEFAULT_PROBLEM_KIND)
-    if vector_dimension is not None:
-        options = {**black_box_defaults(cls, vector_dimension, options), **options}
     if kind not in problem_kinds:
         raise ConfigError(unknown_key_message("problem.kind", str(kind), problem_kinds))
     built = build_options(problem_kinds[kind], values, where=f"{kind} problem key")
     return {"kind": kind, **dataclasses.asdict(built)}
+
+
+def vector_dimension(problem: Mapping[str, Any], problem_kinds: Mapping[str, type]) -> int | None:
+    """d of a resolved problem whose kind optimizes a plain vector (its options class has a
+    ``vector_dimension()``), else None."""
+    values = {k: v for k, v in problem.items() if k != "kind"}
+    built = problem_kinds[problem["kind"]](**values)
+    method = getattr(built, "vector_dimension", None)
+    return method() if method is not None else None
 
 
 def _check_budget(budget: BudgetConfig) -> None:
@@ -208,15 +217,6 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {key}: malformed value {raw!r} ({_yaml_problem(exc)})") from None
     return key.split("."), value
-def vector_dimension(problem: Mapping[str, Any], problem_kinds: Mapping[str, type]) -> int | None:
-    """d of a resolved problem whose kind optimizes a plain vector (its options class has a
-    ``vector_dimension()``), else None."""
-    values = {k: v for k, v in problem.items() if k != "kind"}
-    built = problem_kinds[problem["kind"]](**values)
-    method = getattr(built, "vector_dimension", None)
-    return method() if method is not None else None
-
-
 
 
 def apply_overrides(data: Mapping[str, Any] | None, overrides: Iterable[str]) -> dict[str, Any]:
