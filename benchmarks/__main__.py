@@ -16,6 +16,9 @@ SUITES: dict[str, str] = {
     "core": "benchmarks.core",
     "llm": "benchmarks.llm",
     "agent-memory": "benchmarks.agent_memory",
+    "overhead": "benchmarks.overhead",
+    "quality": "benchmarks.quality",
+    "copes": "benchmarks.copes",
 }
 
 

@@ -183,6 +183,45 @@ def write_tables(
     return [write_csv(Path(folder) / f"{name}.csv", h, r) for name, (h, r) in tables.items()]
 
 
+DEFAULT_OUT = "benchmark-results"  # under the working directory; ignored by git
+
+
+def add_output_option(parser: argparse.ArgumentParser) -> None:
+    """``--out DIR`` (alias ``--csv``, which ``all`` passes): where CSV and PNG files go."""
+    parser.add_argument(
+        "--out",
+        "--csv",
+        dest="csv",
+        metavar="DIR",
+        default=DEFAULT_OUT,
+        help=f"write the CSV tables and PNG figures into DIR (default ./{DEFAULT_OUT})",
+    )
+
+
+def esbox_strategies(text: str | None) -> list[str]:
+    """The esbox strategies named in a comma-separated ``--strategies`` value (default: every
+    registered one); an unknown name raises ``ValueError`` listing the known ones."""
+    from esbox import available_strategies
+
+    known = list(available_strategies())
+    names = [n.strip() for n in (text or "").split(",") if n.strip()] or known
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; registered: {', '.join(known)}")
+    return names
+
+
+def versions(modules: Sequence[str]) -> str:
+    """``name version`` of each importable distribution in ``modules``, comma-separated."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in modules:
+        with contextlib.suppress(PackageNotFoundError):
+            found.append(f"{name} {version(name)}")
+    return ", ".join(found)
+
+
 def environment(threads: int | None = None) -> str:
     """One line: python, torch and numpy versions, CPUs, platform, load average."""
     import numpy as np

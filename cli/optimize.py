@@ -105,9 +105,12 @@ def optimize(
         click.echo(dumps_yaml(config), nl=False)
         return
     session = prepare(config)
-    directory = make_run_directory(config, overwrite=overwrite)
-    write_config(directory, config)
-    finish(execute(session, directory, quiet=quiet, resume=False))
+    try:  # a pool's actors and the Ray started for them go, however the run ends
+        directory = make_run_directory(config, overwrite=overwrite)
+        write_config(directory, config)
+        finish(execute(session, directory, quiet=quiet, resume=False))
+    finally:
+        session.close()
 
 
 def _switch_strategy(raw: dict[str, Any], strategy: str) -> dict[str, Any]:

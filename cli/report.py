@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +34,16 @@ class RunData:
         """``best_value`` (objective units) when every step has it, else ``best_reward``."""
         ok = all(row.get("best_value") is not None for row in self.metrics)
         return "best_value" if ok else "best_reward"
+
+    def strategy(self) -> str:
+        """The strategy's name, from summary.json or else config.yaml."""
+        return self.summary.get("strategy") or self.config.get("strategy", "—")
+
+    def problem(self) -> str:
+        """The problem's label (``rastrigin(d=100)``), or its config name or kind when the run
+        wrote no summary."""
+        problem = self.config.get("problem") or {}
+        return self.summary.get("problem") or problem.get("name") or problem.get("kind", "—")
 
 
 def load_run(directory: Path) -> RunData:
@@ -64,6 +75,28 @@ def _values(run: RunData, key: str) -> list[float]:
     return [math.nan if row.get(key) is None else float(row[key]) for row in run.metrics]
 
 
+def plot_title(runs: list[RunData]) -> str:
+    """Names what a figure shows: the problem, each run's strategy and its run directory."""
+    problems = list(dict.fromkeys(run.problem() for run in runs))
+    if len(problems) == 1:
+        return f"{problems[0]}: " + ", ".join(f"{run.strategy()} ({run.label})" for run in runs)
+    return "; ".join(f"{run.strategy()} on {run.problem()} ({run.label})" for run in runs)
+
+
+def _new_figure(
+    runs: list[RunData], size: tuple[float, float], rows: int, cols: int, **kw: Any
+) -> tuple[Any, Any]:
+    """A headless figure titled with ``runs`` (wrapped at spaces only), and its axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    title = textwrap.fill(plot_title(runs), 120, break_on_hyphens=False, break_long_words=False)
+    fig.suptitle(title, fontsize="medium")
+    return fig, fig.subplots(rows, cols, **kw)
+
+
 def _figure(
     runs: list[RunData],
     series: list[tuple[str, str, str]],
@@ -73,12 +106,7 @@ def _figure(
     log_y: bool = False,
 ) -> None:
     """Two panels (vs steps, vs evaluations); ``series`` are (key, line style, legend suffix)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2, sharey=True)
+    fig, axes = _new_figure(runs, (11, 4.2), 1, 2, sharey=True)
     for ax, (xkey, xlabel) in zip(axes, X_AXES, strict=True):
         for index, run in enumerate(runs):
             x = _values(run, xkey)
@@ -109,12 +137,7 @@ def validation_points(run: RunData, key: str = "accuracy") -> list[tuple[int, in
 
 def _validation_figure(runs: list[RunData], path: Path) -> None:
     """Held-out accuracy against updates and evaluations, one marked line per run."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2, sharey=True)
+    fig, axes = _new_figure(runs, (11, 4.2), 1, 2, sharey=True)
     for ax, column, xlabel in zip(axes, (0, 1), ("updates", "evaluations"), strict=True):
         for index, run in enumerate(runs):
             points = validation_points(run)
@@ -151,12 +174,8 @@ def is_agent_run(run: RunData) -> bool:
 def _agent_figure(runs: list[RunData], path: Path) -> None:
     """Tool use over the steps, one panel per figure: each run's training rollouts (solid) and
     held-out checks (dashed, marked, from the baseline before the first update)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(13, 7), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 3, sharex=True).ravel()
+    fig, axes = _new_figure([run for run in runs if is_agent_run(run)], (13, 7), 2, 3, sharex=True)
+    axes = axes.ravel()
     for ax, (key, ylabel, held_out) in zip(axes, AGENT_PANELS, strict=True):
         for index, run in enumerate(runs):
             if not is_agent_run(run):
@@ -234,11 +253,10 @@ def table(runs: list[RunData]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in runs:
         last, s = run.metrics[-1], run.summary
-        problem = s.get("problem") or (run.config.get("problem") or {}).get("name", "—")
         cells = (
             run.label,
-            s.get("strategy") or run.config.get("strategy", "—"),
-            problem,
+            run.strategy(),
+            run.problem(),
             int(last["step"]) + 1,
             last.get("evaluations"),
             last.get(run.best_key()),

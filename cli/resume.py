@@ -19,8 +19,9 @@ from esbox.cli.run import (
 )
 from esbox.runconfig import apply_overrides, parse_override
 
-# Keys that may change when resuming: they do not alter the trajectory, only where it stops.
-RESUMABLE_SECTIONS = ("budget", "checkpoint")
+# Keys that may change when resuming: they do not alter the trajectory, only where it stops
+# (or, for scale, where the members are scored).
+RESUMABLE_SECTIONS = ("budget", "checkpoint", "scale")
 
 
 @click.command(short_help="Continue an interrupted run, bit-identically.")
@@ -30,7 +31,8 @@ RESUMABLE_SECTIONS = ("budget", "checkpoint")
     "overrides",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Change budget.* or checkpoint.* (e.g. extend the budget). Repeatable.",
+    help="Change budget.*, checkpoint.* or scale.* (e.g. extend the budget, or resume on "
+    "another number of Ray workers). Repeatable.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def resume(run_dir: Path, overrides: tuple[str, ...], quiet: bool) -> None:
@@ -45,16 +47,19 @@ def resume(run_dir: Path, overrides: tuple[str, ...], quiet: bool) -> None:
             path, _ = parse_override(text)
             if path[0] not in RESUMABLE_SECTIONS or len(path) < 2:
                 raise CLIError(
-                    f"--set {'.'.join(path)}: only budget.* and checkpoint.* can change "
+                    f"--set {'.'.join(path)}: only budget.*, checkpoint.* and scale.* can change "
                     f"when resuming; start a new run to change anything else"
                 )
         raw = apply_overrides(raw, overrides)
     config = resolve_config(raw)
     _check_has_checkpoint(run_dir, config.checkpoint.every)
     session = prepare(config)
-    if overrides:
-        write_config(run_dir, config)
-    finish(execute(session, run_dir, quiet=quiet, resume=True))
+    try:  # a pool's actors and the Ray started for them go, however the run ends
+        if overrides:
+            write_config(run_dir, config)
+        finish(execute(session, run_dir, quiet=quiet, resume=True))
+    finally:
+        session.close()
 
 
 def _check_has_checkpoint(run_dir: Path, every: int) -> None:

@@ -2,7 +2,8 @@
 
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl``,
 ``checkpoints/``, the best parameters and, once the run stops, ``summary.json`` (and
-``best_context.txt`` when the strategy co-evolves contexts).
+``best_context.txt`` when the strategy co-evolves contexts); ``tensorboard/`` and ``wandb/``
+when the config's ``tracking`` section asks for them.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ import click
 import esbox
 from esbox.adapters.problems import runs
 from esbox.adapters.problems.runs import Session
+from esbox.adapters.scale import PoolError
 from esbox.cli.errors import CLIError, RunFailed, user_errors
 from esbox.cli.interrupts import guarded
 from esbox.cli.progress import ProgressBar
 from esbox.errors import ConfigWarning, RewardError
-from esbox.runconfig import RunConfig, dumps_yaml, load_yaml
+from esbox.runconfig import RunConfig, dumps_yaml, load_yaml, to_dict
 from esbox.runner import Runner
 from esbox.strategy import Strategy
+from esbox.trackers import check_trackers, open_trackers
 from esbox.tracking import MetricsLogger, jsonable
 
 CONFIG_FILE = "config.yaml"
@@ -56,12 +59,14 @@ def check_strategy(config: RunConfig) -> None:
 def prepare(config: RunConfig) -> Session:
     """Build the problem, strategy and budget of ``config`` (CLIError on bad values)."""
     with user_errors(), config_warnings():
+        check_trackers(config.tracking)
         return runs.build_session(config)
 
 
 def dry_run(config: RunConfig) -> None:
     """Check ``config`` as a real run would, building what is cheap; evaluate nothing."""
     with user_errors(), config_warnings():
+        check_trackers(config.tracking)
         runs.dry_run(config)
 
 
@@ -166,9 +171,13 @@ def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> 
         with user_errors("cannot resume: "):
             runner.resume(directory / CHECKPOINTS)
         logger.rewrite(runner.history)
+    with user_errors():
+        trackers = open_trackers(
+            config.tracking, directory, first_step=session.strategy.step, config=to_dict(config)
+        )
     population = session.strategy.options.population
     bar = ProgressBar(session.budget, population, session.strategy.step, quiet=quiet)
-    runner.callbacks.append(bar)
+    runner.callbacks.extend([*trackers, bar])
     error = None
     try:
         with guarded(runner):
@@ -177,9 +186,13 @@ def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> 
         reason = "interrupted"
     except RewardError as exc:  # the objective is broken: stop, keep what was done, exit 3
         reason, error = "bad_rewards", str(exc)
+    except PoolError as exc:  # workers lost beyond scale.retries: the last checkpoint stands
+        reason, error = "pool_failed", f"{exc}; continue with: esbox resume {directory}"
     finally:
         bar.close()
         logger.close()
+        for tracker in trackers:
+            tracker.close()
     summary = write_summary(session, runner, directory, reason, resumed=resume, error=error)
     return summary
 
@@ -199,7 +212,8 @@ def write_summary(
         if getattr(callback, "baseline", None):
             saved["baseline"] = dict(callback.baseline)
     seconds = runner.elapsed
-    status = {"interrupted": "interrupted", "bad_rewards": "failed"}.get(reason, "finished")
+    failed = {"interrupted": "interrupted", "bad_rewards": "failed", "pool_failed": "failed"}
+    status = failed.get(reason, "finished")
     summary = {
         "status": status,
         "stop_reason": reason,

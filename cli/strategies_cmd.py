@@ -9,7 +9,7 @@ import click
 
 from esbox.cli.errors import user_errors
 from esbox.config import describe_options
-from esbox.registry import available_strategies, get_strategy
+from esbox.registry import available_strategies, get_strategy, strategy_families
 from esbox.schedules import ScheduleLike
 
 
@@ -44,6 +44,8 @@ def strategies(name: str | None) -> None:
                 f"{r['name']}={_default(r['default'])}" for r in describe_options(cls.Options)
             )
             click.echo(click.wrap_text(options, initial_indent="    ", subsequent_indent="    "))
+        for pattern, summary in strategy_families().items():
+            click.echo(f"{click.style(pattern, bold=True)}  {summary}")
         click.echo("\nesbox strategies NAME shows one strategy with every option's help.")
         return
     with user_errors():

@@ -23,6 +23,7 @@ from esbox.defaults import black_box_defaults
 from esbox.errors import ConfigError, unknown_key_message
 from esbox.registry import available_strategies, get_strategy
 from esbox.schedules import Constant, Cosine, Linear, schedule_to_config
+from esbox.trackers import TrackingConfig
 
 DEFAULT_PROBLEM_KIND = "function"
 
@@ -43,6 +44,20 @@ class BudgetConfig:
     max_seconds: float | None = option(
         None, "stop after this much wall time (not reproducible)", minimum=0, exclusive_minimum=True
     )
+    max_nonfinite_steps: int = option(
+        1,
+        "stop the run as failed (exit 3) after this many steps in a row without a finite reward "
+        "(1: at the first)",
+        minimum=1,
+    )
+
+    def limits(self) -> dict[str, Any]:
+        """The evaluation, step and time limits (the keyword arguments of ``esbox.Budget``)."""
+        return {
+            "max_evaluations": self.max_evaluations,
+            "max_steps": self.max_steps,
+            "max_seconds": self.max_seconds,
+        }
 
 
 @dataclass
@@ -64,6 +79,44 @@ class OutputConfig:
 
 
 @dataclass
+class ScaleConfig:
+    """Where the population is scored: in this process, or on a pool of Ray workers (each a
+    replica of the problem); the trajectory is the same either way (docs/scale-out.md)."""
+
+    workers: int = option(0, "Ray workers, one replica each (0: score in this process)", minimum=0)
+    address: str = option(
+        "local",
+        "local: start a private Ray for the run and stop it after; auto: join the running "
+        "cluster; ray://HOST:PORT or HOST:PORT: join that cluster (never shut down)",
+    )
+    cpus: float = option(1.0, "CPUs Ray reserves for each worker", minimum=0)
+    gpus: float = option(0.0, "GPUs Ray reserves for each worker (1: a GPU each)", minimum=0)
+    memory: float | None = option(
+        None, "GiB of memory Ray reserves for each worker (null: none)", minimum=0
+    )
+    placement: str = option(
+        "default", "how Ray places workers on nodes", choices=("default", "spread")
+    )
+    driver_replica: bool = option(
+        True,
+        "keep a replica in this process that follows every update (checkpoints, validation and "
+        "the saved result read it); false when the workers use another device type",
+    )
+    verify_every: int = option(
+        0, "steps between drift checks of every replica's parameters (0: never)", minimum=0
+    )
+    retries: int = option(
+        3, "dead workers replaced in one step before the run stops with an error", minimum=0
+    )
+    replay_limit: int = option(
+        50,
+        "a replacement replays at most this many update specs to catch up; beyond, it copies "
+        "the parameters from a live replica",
+        minimum=0,
+    )
+
+
+@dataclass
 class RunConfig:
     """A whole run: re-running a resolved config reproduces the run."""
 
@@ -76,6 +129,8 @@ class RunConfig:
     budget: BudgetConfig = section(BudgetConfig, "when to stop")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "checkpoint cadence")
     output: OutputConfig = section(OutputConfig, "the run directory")
+    tracking: TrackingConfig = section(TrackingConfig, "TensorBoard and wandb beside the JSONL")
+    scale: ScaleConfig = section(ScaleConfig, "scale-out on Ray")
 
 
 def _sections(cls: type) -> dict[str, type]:
@@ -179,7 +234,7 @@ def vector_dimension(problem: Mapping[str, Any], problem_kinds: Mapping[str, typ
 
 
 def _check_budget(budget: BudgetConfig) -> None:
-    if all(v is None for v in dataclasses.asdict(budget).values()):
+    if all(v is None for v in budget.limits().values()):
         raise ConfigError(
             "budget needs at least one of budget.max_evaluations, budget.max_steps, "
             "budget.max_seconds"

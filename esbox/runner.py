@@ -124,6 +124,9 @@ class Runner:
         self.max_nonfinite_steps = max_nonfinite_steps
         self._nonfinite_streak = 0
         self.space, self.strategy, self.evaluator, self.budget = space, strategy, evaluator, budget
+        plan_budget = getattr(strategy, "plan_budget", None)  # nevergrad plans by the budget
+        if plan_budget is not None:
+            plan_budget(budget)
         self.callbacks = list(callbacks)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.checkpoint_every = checkpoint_every
@@ -182,7 +185,8 @@ class Runner:
                 f"no finite reward in {self._nonfinite_streak} step(s) in a row (last: step "
                 f"{self.strategy.step}, all {population} rewards NaN or +-inf): the objective "
                 f"never gave a usable number; check that it returns a finite value "
-                f"(in Python, max_nonfinite_steps allows more such steps)"
+                f"(max_nonfinite_steps, budget.max_nonfinite_steps in a run config, allows more "
+                f"such steps)"
             )
 
     def check_budget(self) -> None:

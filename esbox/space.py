@@ -16,6 +16,7 @@ import torch
 
 from esbox.chunks import Chunk, chunk_layout
 from esbox.errors import ResumeError
+from esbox.explicit import ExplicitSpecs
 from esbox.noise import (
     DEFAULT_TABLE_SIZE,
     NOISE_MODES,
@@ -32,7 +33,7 @@ DEFAULT_CHUNK_SIZE = 1 << 22
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-class ParameterSpace:
+class ParameterSpace(ExplicitSpecs):
     """Parameters held as flat tensors, perturbed and updated chunk by chunk by seed replay.
 
     Subclasses hand over the tensors (``VectorSpace`` a vector, the torch adapter a module's
@@ -167,7 +168,11 @@ class ParameterSpace:
             yield chunk, eps, mask
 
     def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
-        """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32, a fresh tensor each)."""
+        """Yield ``(chunk, scale * mask * eps)`` for every chunk (fp32, a fresh tensor each); an
+        explicit member yields its displacement (``explicit_noise``)."""
+        if perturbation.values is not None:
+            yield from self.explicit_noise(perturbation)
+            return
         for chunk, eps, mask in self._directions(perturbation):
             direction = eps if mask is None else mask * eps
             yield chunk, direction * perturbation.scale
@@ -204,6 +209,8 @@ class ParameterSpace:
                 raise RuntimeError("the sweep has ended: iterate its members inside the with")
             if self.reflect_antithetic and previous is not None and p.mirrors(previous):
                 self._reflect()
+            elif p.values is not None:
+                self._place(p)
             else:
                 self._write(p)
             previous = p
@@ -259,6 +266,8 @@ class ParameterSpace:
         """Apply an update by replay; returns the L2 norm of the parameter change."""
         if self._perturbed:
             raise RuntimeError("cannot apply an update while the space is perturbed")
+        if update.shift is not None:
+            return self._shift(update.shift)
         validate_optimizer(update.optimizer)
         self._optimizer.begin()
         groups = update.subspace_groups()

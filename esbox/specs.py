@@ -1,4 +1,10 @@
-"""Perturbation and update specs: seeds and scalars only, so they cross the wire for free."""
+"""Perturbation and update specs: seeds and scalars, so they cross the wire for free.
+
+Optimizers that propose points rather than seeds (nevergrad) carry their points explicitly:
+``Perturbation.values`` and ``Update.shift`` hold d floats each. That is the one way a point
+can travel to a replica that does not run the optimizer, so those strategies refuse large
+spaces (see ``esbox.strategies.nevergrad``).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,10 @@ class Perturbation:
     subspace: int = 0
     num_subspaces: int = 1
     context: int | None = None
+    values: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _tuple_of_floats(self, "values")
 
     @property
     def sign(self) -> float:
@@ -31,16 +41,22 @@ class Perturbation:
 
     def mirrors(self, other: Perturbation) -> bool:
         """True when this member is ``other``'s antithetic twin: its noise, the opposite scale."""
-        return self.scale == -other.scale and (
-            self.run_seed,
-            self.step,
-            self.seed,
-            self.subspace,
-            self.num_subspaces,
-        ) == (other.run_seed, other.step, other.seed, other.subspace, other.num_subspaces)
+        explicit = self.values is not None or other.values is not None
+        return (
+            not explicit
+            and self.scale == -other.scale
+            and (
+                self.run_seed,
+                self.step,
+                self.seed,
+                self.subspace,
+                self.num_subspaces,
+            )
+            == (other.run_seed, other.step, other.seed, other.subspace, other.num_subspaces)
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _without_none(asdict(self), "values")
 
 
 @dataclass(frozen=True)
@@ -70,7 +86,9 @@ class Update:
     """An ascent step ``theta <- opt(theta, sum_j coefficient_j mask_j eps_j, learning_rate)``.
 
     Applying the same sequence of updates on any replica gives bit-identical parameters
-    (same layout and device type), because only seeds and scalars are carried.
+    (same layout and device type), because only seeds and scalars are carried. An explicit
+    update carries its step instead: ``theta <- theta + shift`` (no terms; the learning rate
+    and optimizer are not used).
     """
 
     run_seed: int
@@ -78,9 +96,15 @@ class Update:
     terms: tuple[Term, ...]
     learning_rate: float
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    shift: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _tuple_of_floats(self, "shift")
+        if self.shift is not None and self.terms:
+            raise ValueError("an update carries noise terms or an explicit shift, not both")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _without_none(asdict(self), "shift")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Update:
@@ -90,6 +114,7 @@ class Update:
             terms=tuple(Term(**t) for t in data["terms"]),
             learning_rate=data["learning_rate"],
             optimizer=OptimizerSpec(**data["optimizer"]),
+            shift=data.get("shift"),
         )
 
     def subspace_groups(self) -> list[list[Term]]:
@@ -100,3 +125,17 @@ class Update:
             key = (term.num_subspaces, term.subspace if term.num_subspaces > 1 else 0)
             groups.setdefault(key, []).append(term)
         return list(groups.values())
+
+
+def _tuple_of_floats(spec: Any, name: str) -> None:
+    """Store an explicit vector (a list after JSON) as a tuple of floats, so specs compare."""
+    value = getattr(spec, name)
+    if value is not None and not isinstance(value, tuple):
+        object.__setattr__(spec, name, tuple(float(v) for v in value))
+
+
+def _without_none(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """Drop an unset explicit vector: seed specs keep their wire format."""
+    if data[key] is None:
+        del data[key]
+    return data

@@ -6,6 +6,7 @@ through the same contract, convergence and golden tests without anyone writing t
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,10 @@ from esbox.strategy import Strategy
 settings.register_profile("esbox", deadline=None, max_examples=60, derandomize=True)
 settings.load_profile("esbox")
 
-STRATEGY_NAMES = sorted(esbox.available_strategies())
+# The registry's strategies, and nevergrad's NGOpt (ng:NAME is a family, not listed one by one).
+STRATEGY_NAMES = sorted(esbox.available_strategies()) + (
+    ["ng:NGOpt"] if importlib.util.find_spec("nevergrad") else []
+)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,7 +41,10 @@ def deliverable_ctrl_c() -> Iterator[None]:
 # Options every strategy accepts (they are on the shared StrategyOptions), small enough to be
 # cheap. A strategy that needs more to build at this size adds an entry to EXTRA_OPTIONS.
 BASE_OPTIONS: dict[str, Any] = {"population": 8, "sigma": 0.1, "learning_rate": 0.05}
-EXTRA_OPTIONS: dict[str, dict[str, Any]] = {"copes": {"subspaces": 2}}
+EXTRA_OPTIONS: dict[str, dict[str, Any]] = {
+    "copes": {"subspaces": 2},
+    "ng:NGOpt": {"ng_budget": 800},  # NGOpt picks its algorithm by the budget
+}
 
 
 def contract_options(name: str, **overrides: Any) -> dict[str, Any]:

@@ -34,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "tasks": {"generation", "models"},
     "agents": {"tasks", "generation", "models"},
     "scale": set(),
+    "nevergrad": set(),
     "problems": {"functions", "models", "generation", "tasks", "agents", "scale"},
 }
 

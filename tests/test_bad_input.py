@@ -158,6 +158,37 @@ def test_cli_exits_3_with_a_message_when_the_objective_gives_no_number(
     assert summary["status"] == "failed" and summary["stop_reason"] == "bad_rewards"
 
 
+@pytest.mark.parametrize(("setting", "steps"), [([], 0), (["budget.max_nonfinite_steps=3"], 2)])
+def test_budget_max_nonfinite_steps_sets_how_many_nan_steps_a_cli_run_takes(
+    tmp_path, setting, steps
+) -> None:
+    """The config key of ``max_nonfinite_steps``: an always-NaN objective stops after that many
+    steps (the last one raising), with exit 3, and the key is saved in config.yaml."""
+    _objective_file(tmp_path)
+    problem = "problem={kind: callable, target: obj.py:nan, x0: [1.0, 2.0]}"
+    args = [arg for s in setting for arg in ("--set", s)]
+    result = invoke("optimize", "-q", "--set", problem, *args, "--out", "run", cwd=tmp_path)
+    assert result.exit_code == 3, result.output
+    assert f"no finite reward in {steps + 1} step(s) in a row (last: step {steps}" in result.output
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "bad_rewards" and summary["steps"] == steps
+    metrics = run / "metrics.jsonl"  # written from the first finished step on
+    assert len(metrics.read_text().splitlines() if metrics.exists() else []) == steps
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["budget"]["max_nonfinite_steps"] == steps + 1
+    again = invoke("optimize", "--config", "run/config.yaml", "--dry-run", cwd=tmp_path)
+    assert again.exit_code == 0, again.output
+    assert yaml.safe_load(again.stdout)["budget"] == saved["budget"]  # the YAML round trip
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "true", "many"])
+def test_budget_max_nonfinite_steps_refuses_a_bad_value(value: str) -> None:
+    result = invoke("optimize", "--dry-run", "--set", f"budget.max_nonfinite_steps={value}")
+    assert result.exit_code == 2, result.output
+    assert "max_nonfinite_steps" in result.output
+
+
 # -- 2. a budget smaller than one step ----------------------------------------------------------
 def test_optimize_refuses_a_budget_smaller_than_one_step() -> None:
     with pytest.raises(ConfigError, match="smallest budget that runs one step is 8"):

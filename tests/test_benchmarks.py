@@ -1,5 +1,6 @@
 """The benchmarks package: the suite registry and ``--help``, the child protocol of
-``benchmarks.measure`` and its table and CSV helpers (the suites themselves are not run)."""
+``benchmarks.measure``, its table and CSV helpers, the scoring of the comparison suites, the
+peer interface and its skip path, and ``--quick`` smoke runs of overhead, quality and copes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,3 +109,164 @@ def test_memory_probes() -> None:
     assert isinstance(measure.reset_peak(), bool)
     elapsed = measure.stopwatch()
     assert 0 <= elapsed() < 60
+
+
+# -- the comparison suites: scoring, the peer interface, and --quick smoke runs ------------------
+PEER_LIBRARIES = ("nevergrad", "cma", "evosax", "evotorch")
+
+
+@pytest.fixture
+def no_peers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mask every peer library, as on a machine without benchmarks/requirements.txt."""
+    for name in PEER_LIBRARIES:
+        monkeypatch.setitem(sys.modules, name, None)  # import then raises ImportError
+
+
+def tables_in(text: str) -> list[list[str]]:
+    """The markdown tables of a report, each as its lines."""
+    found, current = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            found.append(current)
+            current = []
+    return found
+
+
+def assert_well_formed(text: str, count: int) -> None:
+    tables = tables_in(text)
+    assert len(tables) >= count, text
+    for lines in tables:
+        assert len(lines) >= 3, lines  # header, rule, at least one row
+        assert set(lines[1]) <= set("|-:"), lines[1]
+        assert len({line.count("|") for line in lines}) == 1, lines
+
+
+def read_csv(path: Path) -> list[list[str]]:
+    with path.open(newline="") as handle:
+        return list(csv.reader(handle))
+
+
+def test_tracker_counts_to_the_budget_and_records_first_hits() -> None:
+    from benchmarks import functions
+
+    sphere = functions.problem("sphere")
+    tracker = functions.Tracker(sphere, budget=5, targets=[10.0, 1.0])
+    assert tracker(np.full(4, 3.0)) == 36.0
+    values = tracker(np.array([[1.0, 1, 1, 1], [0.5, 0, 0, 0], [0, 0, 0, 0], [9, 9, 9, 9]]))
+    assert list(values) == [4.0, 0.25, 0.0, 324.0]
+    assert tracker.evaluations == 5 and tracker.spent
+    assert tracker.hits == [2, 3] and tracker.best == 0.0
+    with pytest.raises(functions.BudgetSpent):
+        tracker(np.zeros(4))
+    bent = functions.problem("bent_cigar")
+    assert bent(np.array([2.0, 1e-3])) == pytest.approx(4.0 + 1e6 * 1e-6)
+    assert bent.optimum_value(10) == 0.0
+
+
+def test_ert_is_cocos_expected_running_time() -> None:
+    from benchmarks import functions
+
+    # two successes at 100 and 300 evaluations, one failure after 1,000: (100 + 300 + 1000) / 2
+    assert functions.ert([100, 300, None], [500, 500, 1000]) == (700.0, pytest.approx(2 / 3))
+    assert functions.ert([None, None], [10, 10]) == (np.inf, 0.0)
+    assert functions.quartiles([1, 2, 3, 4, 5]) == (3.0, 2.0, 4.0)
+    assert functions.standard_error([1.0, 3.0]) == (2.0, 1.0)
+
+
+def test_targets_are_fractions_of_the_gap_to_the_optimum() -> None:
+    from benchmarks import functions
+
+    x0 = functions.start_point(6, seed=1)
+    assert np.all(np.abs(x0) <= 4) and np.array_equal(x0, functions.start_point(6, seed=1))
+    f0, targets = functions.targets_for(functions.problem("sphere"), x0, (0.5, 0.1))
+    assert targets == pytest.approx([0.5 * f0, 0.1 * f0])
+
+
+@pytest.mark.parametrize("name", ["ng-DiagonalCMA", "pycma", "evosax-SNES", "evotorch-SNES"])
+def test_each_peer_runs_a_budget_or_is_skipped_with_a_note(name: str) -> None:
+    from benchmarks import peers, quality_runs
+
+    ready, notes = peers.split_available([name])
+    if not ready:  # the skip path: a note naming the package and how to install it
+        assert notes and peers.PEERS[name].library in notes[0] and "requirements" in notes[0]
+        return
+    spec = {"method": name, "problem": "sphere", "d": 8, "seed": 0, "budget": 300,
+            "max_seconds": 60}  # fmt: skip
+    result = quality_runs.run(spec)
+    assert not result["stop"].startswith("error"), result["stop"]
+    assert 0 < result["evaluations"] <= 300
+    assert result["best"] < result["f0"]
+
+
+def test_masked_peers_are_skipped_with_a_note(no_peers: None) -> None:
+    from benchmarks import peers
+
+    ready, notes = peers.split_available(list(peers.PEERS))
+    assert ready == []
+    assert len(notes) == len(peers.PEERS)
+    assert all("is not installed" in note for note in notes)
+    with pytest.raises(ValueError, match="unknown peers"):
+        peers.split_available(["nope"])
+
+
+def test_quality_quick_without_peers(
+    tmp_path: Path, no_peers: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import quality
+
+    assert quality.main(["--quick", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ng-NGOpt: skipped, `nevergrad` is not installed" in out
+    assert_well_formed(out, count=3)  # d = 20, d = 200, summary
+    runs = read_csv(tmp_path / "quality_runs.csv")
+    strategies = set(esbox_names())
+    assert {row[0] for row in runs[1:]} == strategies
+    assert all(not row[-1].startswith("error") for row in runs[1:])
+    assert len(runs) - 1 == len(strategies) * 3 * 2 * 3  # functions x dimensions x seeds
+    assert (tmp_path / "quality_summary.csv").exists()
+    assert (tmp_path / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_overhead_quick_without_peers(
+    tmp_path: Path, no_peers: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import overhead
+
+    argv = ["--quick", "--strategies", "openai_es,copes", "--out", str(tmp_path)]
+    assert overhead.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "evosax-Open_ES: skipped" in out
+    assert_well_formed(out, count=2)
+    rows = read_csv(tmp_path / "overhead_runs.csv")
+    assert len(rows) - 1 == 2 * 2 * 2  # strategies x (d, N) cells
+    assert all(float(row[3]) > 0 and float(row[4]) >= 0 for row in rows[1:])
+    assert (tmp_path / "overhead.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_overhead_skips_a_peer_whose_population_does_not_fit() -> None:
+    from benchmarks import overhead
+
+    cell = overhead.measure_peer("pycma", 10**7, 256, 60, max_gib=2.0, min_seconds=1)
+    assert cell == {"skip": "skipped: N x d population 19.1 GiB"}
+
+
+def test_copes_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import copes
+
+    assert copes.main(["--quick", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert_well_formed(out, count=2)  # sphere, Rastrigin
+    rows = read_csv(tmp_path / "copes_sphere.csv")
+    assert [row[1] for row in rows[1:]] == [label for _, label, _, _ in copes.CONFIGS]
+    assert [row[2] for row in rows[1:] if row[0] == "N = 40, no antithetic"] == [
+        "40", "20", "10", "5"
+    ]  # fmt: skip
+    assert (tmp_path / "copes_k.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def esbox_names() -> list[str]:
+    import esbox
+
+    return list(esbox.available_strategies())

@@ -22,7 +22,7 @@ from esbox.space import VectorSpace
 
 D = 10
 OPTIONS = {"population": 8, "sigma": 0.1, "learning_rate": 0.05}
-STRATEGY_OPTIONS = {"copes": {"subspaces": 2}}
+STRATEGY_OPTIONS = {"copes": {"subspaces": 2}, "ng:NGOpt": {"ng_budget": 800}}
 
 
 def sphere(x: np.ndarray) -> float:

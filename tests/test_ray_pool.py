@@ -23,9 +23,10 @@ from esbox.adapters.scale import (  # noqa: E402
     PoolError,
     RayPool,
     VectorReplica,
-    split_members,
     state_checksum,
+    work_units,
 )
+from esbox.adapters.scale.balance import chunk_length, measured  # noqa: E402
 from esbox.runner import Budget, Runner  # noqa: E402
 from esbox.specs import Perturbation, Term, Update  # noqa: E402
 
@@ -97,25 +98,34 @@ def members(population: int, antithetic: bool) -> list[Perturbation]:
     return es.ask()
 
 
-# -- splitting a population (no Ray) -------------------------------------------------------------
-@pytest.mark.parametrize("parts", [1, 2, 3, 4, 5, 9])
+# -- dealing a population out (no Ray) -----------------------------------------------------------
 @pytest.mark.parametrize(("population", "antithetic"), [(8, True), (12, True), (7, False)])
-def test_blocks_cover_the_population_in_order_and_keep_twins_together(
-    parts: int, population: int, antithetic: bool
+@pytest.mark.parametrize("keep_twins", [True, False])
+def test_units_cover_the_population_in_order_and_keep_twins_together_when_asked(
+    population: int, antithetic: bool, keep_twins: bool
 ) -> None:
     perturbations = members(population, antithetic)
-    blocks = split_members(perturbations, parts)
-    assert len(blocks) == parts
-    assert blocks[0][0] == 0 and blocks[-1][1] == population
-    assert all(hi >= lo for lo, hi in blocks)
-    assert all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
-    for lo, _ in blocks:
-        if 0 < lo < population and antithetic:  # a block never starts with a twin
-            assert perturbations[lo].seed != perturbations[lo - 1].seed
-    unit = 2 if antithetic else 1
-    sizes = [hi - lo for lo, hi in blocks]
-    if parts * unit <= population:
-        assert max(sizes) - min(sizes) <= unit
+    units = work_units(perturbations, keep_twins)
+    assert units[0][0] == 0 and units[-1][1] == population
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(units))
+    sizes = {hi - lo for lo, hi in units}
+    assert sizes == ({2} if keep_twins and antithetic else {1})
+    for lo, hi in units:
+        if hi - lo == 2:
+            assert perturbations[lo + 1].mirrors(perturbations[lo])
+
+
+def test_chunks_follow_the_measured_speed_and_keep_the_tail_balanced() -> None:
+    pending = [(i, i + 1) for i in range(40)]
+    assert chunk_length(pending, None, workers=2) == 1  # unmeasured: one unit
+    assert chunk_length(pending, 0.5, workers=2) == 1  # slow: one member at a time
+    assert chunk_length(pending, 0.01, workers=2, target_seconds=0.1) == 10  # fills 0.1 s
+    assert chunk_length(pending, 1e-6, workers=2) == 10  # at most half of an equal share
+    assert chunk_length(pending[:3], 1e-6, workers=2) == 1
+    assert chunk_length([], 0.01, workers=2) == 0
+    pairs = [(i, i + 2) for i in range(0, 40, 2)]
+    assert chunk_length(pairs, 0.01, workers=2, target_seconds=0.1) == 5  # 10 members
+    assert measured(None, 1.0, 4) == 0.25 and measured(0.25, 2.0, 4) == 0.375
 
 
 # -- replicas stay bit-identical -----------------------------------------------------------------
@@ -150,8 +160,8 @@ def test_a_replica_that_drifts_is_caught_and_a_reload_resyncs_it(pool: RayPool) 
 def test_a_failing_evaluation_names_the_actor_and_restores_every_replica(pool: RayPool) -> None:
     before = pool.verify()
     population = [Perturbation(0, 0, seed, 0.1) for seed in range(3)]
-    population.append(Perturbation(0, 0, 99, 1e6))  # member 3: out of range, on actor 1
-    with pytest.raises(PoolError, match=r"actor 1 of 2 .* members 2\.\.3 of step 0") as info:
+    population.append(Perturbation(0, 0, 99, 1e6))  # member 3: out of range
+    with pytest.raises(PoolError, match=r"actor [01] of 2 .* member 3 of step 0") as info:
         pool.evaluate(pool.space, population)
     assert str(info.value).endswith("ValueError: x is out of range")
     assert isinstance(info.value.__cause__, ValueError)
@@ -166,16 +176,32 @@ def test_pool_refuses_a_space_other_than_its_own(pool: RayPool) -> None:
         pool.evaluate(pool.local, members(2, True))
 
 
-def test_a_dead_actor_is_named_and_a_lost_update_stops_the_pool(ray_session) -> None:
-    pool = RayPool(REPLICA, 2, actor_options=HALF_CPU, local_replica=False)
+def kill(pool: RayPool, actor: int) -> None:
+    """SIGKILL the actor's process, as the kernel's OOM killer would (ray.kill is lazy)."""
+    os.kill(ray.get(pool.actors[actor].describe.remote())["pid"], signal.SIGKILL)
+
+
+def test_without_retries_a_dead_actor_is_named_and_a_lost_update_stops_the_pool(
+    ray_session,
+) -> None:
+    pool = RayPool(REPLICA, 2, actor_options=HALF_CPU, local_replica=False, retries=0)
     try:
-        pid = ray.get(pool.actors[1].describe.remote())["pid"]
-        os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer would (ray.kill is lazy)
-        with pytest.raises(PoolError, match=r"actor 1 of 2 .* died while evaluating"):
-            pool.evaluate(pool.space, members(4, True))
+        kill(pool, 1)
+        died = r"actor 1 of 2 .* died while evaluating member 1 of step 0, .*\(retries=0\)"
+        with pytest.raises(PoolError, match=died):
+            pool.evaluate(pool.space, members(4, False))
+        assert not pool.replacements
+        pool.retries = 1  # the next step may replace one actor
+        population = members(4, False)
+        assert pool.evaluate(pool.space, population).tobytes() == (
+            REPLICA()[1].evaluate(REPLICA()[0], population).tobytes()
+        )
+        assert [r.actor for r in pool.replacements] == [1]
+        pool.retries = 0
+        kill(pool, 1)
         es = esbox.make_strategy("openai_es", pool.space, **STRATEGY_OPTIONS["openai_es"])
         update = es.tell(np.arange(float(len(es.ask()))))
-        with pytest.raises(PoolError, match=r"actor 1 of 2 .* died while applying"):
+        with pytest.raises(PoolError, match=r"actor 1 of 2 .* died while applying the update"):
             pool.space.apply(update)
         with pytest.raises(PoolError, match="unusable: the update of step 0 did not reach"):
             pool.evaluate(pool.space, members(4, True))

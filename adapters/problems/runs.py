@@ -7,15 +7,18 @@ gets the exact problem a YAML config describes with :func:`load_run`, and can ru
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from esbox.errors import ConfigWarning
+from esbox.errors import ConfigError, ConfigWarning
 from esbox.registry import make_strategy
-from esbox.runconfig import RunConfig, apply_overrides, load_yaml, resolve
+from esbox.runconfig import RunConfig, ScaleConfig, apply_overrides, load_yaml, resolve
 from esbox.runner import Budget, Callback, Runner, check_budget_fits, population_of
 from esbox.strategy import Strategy
 
@@ -37,17 +40,33 @@ class Session:
     problem: Problem
     strategy: Strategy
     budget: Budget
+    pool: Any = None  # a RayPool with scale.workers: it scores the members, pool.space follows
+    resources: ExitStack = field(default_factory=ExitStack)  # the pool and its Ray
 
     def runner(self, *, callbacks: Sequence[Callback] = (), **options: Any) -> Runner:
-        """A ``Runner`` over this session (the problem's callbacks first); ``options`` go to it."""
+        """A ``Runner`` over this session (the problem's callbacks first); ``options`` go to it,
+        ``max_nonfinite_steps`` from the config's budget unless given."""
+        options.setdefault("max_nonfinite_steps", self.config.budget.max_nonfinite_steps)
+        space, evaluator = self.problem.space, self.problem.evaluator
+        checks: list[Callback] = []
+        if self.pool is not None:
+            from esbox.adapters.scale import VerifyReplicas
+
+            space, evaluator = self.pool.space, self.pool
+            if self.config.scale.verify_every:
+                checks.append(VerifyReplicas(self.pool, self.config.scale.verify_every))
         return Runner(
-            self.problem.space,
+            space,
             self.strategy,
-            self.problem.evaluator,
+            evaluator,
             self.budget,
-            callbacks=[*self.problem.callbacks, *callbacks],
+            callbacks=[*self.problem.callbacks, *checks, *callbacks],
             **options,
         )
+
+    def close(self) -> None:
+        """Kill the pool's actors and leave (or stop) its Ray; nothing to do without a pool."""
+        self.resources.close()
 
 
 def resolve_config(raw: dict[str, Any]) -> RunConfig:
@@ -69,6 +88,7 @@ def check_strategy(config: RunConfig) -> None:
         warnings.simplefilter("ignore", ConfigWarning)
         strategy = make_strategy(config.strategy, 1, seed=config.seed, **config.options)
     check_problem(config.problem, strategy)
+    check_scale(config, strategy)
     if config.budget.max_evaluations is not None:
         check_budget_fits(config.budget.max_evaluations, population_of(strategy))
 
@@ -77,20 +97,63 @@ def dry_run(config: RunConfig) -> None:
     """Everything a real run checks, without evaluating: the strategy, its fit with the
     problem and the budget, and the problem and strategy built (kinds that load a model only
     run their checks)."""
-    if builds_on_dry_run(config.problem):
-        build_session(config)
-    else:
-        check_strategy(config)
+    check_strategy(config)
+    if builds_on_dry_run(config.problem):  # in this process: a dry run starts no Ray
+        build_session(dataclasses.replace(config, scale=ScaleConfig()))
+
+
+def check_scale(config: RunConfig, strategy: Strategy) -> None:
+    """With ``scale.workers``: a valid address, and nothing that lives only on the driver."""
+    if not config.scale.workers:
+        return
+    from esbox.adapters.scale import check_address
+
+    check_address(config.scale.address)
+    if getattr(strategy, "contexts", None):
+        raise ConfigError(
+            f"scale.workers: strategy {config.strategy} co-evolves options.contexts on the "
+            f"driver, which the pool's replicas do not see; run it with scale.workers: 0"
+        )
+    if config.problem.get("agent"):
+        raise ConfigError(
+            "scale.workers: problem.agent (multi-turn tool use) keeps its metrics in the "
+            "driver's evaluator and does not run on a pool yet; run it with scale.workers: 0"
+        )
 
 
 def build_session(config: RunConfig) -> Session:
     """Build the problem, strategy and budget of a resolved config (models load here)."""
     check_strategy(config)
-    problem = build_problem(config.problem, config.seed)
-    strategy = make_strategy(config.strategy, problem.space, seed=config.seed, **config.options)
-    if problem.attach is not None:
-        problem.attach(strategy)
-    return Session(config, problem, strategy, Budget(**asdict(config.budget)))
+    resources = ExitStack()
+    try:
+        problem, pool = _problem_and_pool(config, resources)
+        strategy = make_strategy(config.strategy, problem.space, seed=config.seed, **config.options)
+        if problem.attach is not None:
+            problem.attach(strategy)
+    except BaseException:
+        resources.close()
+        raise
+    budget = Budget(**config.budget.limits())
+    return Session(config, problem, strategy, budget, pool, resources)
+
+
+def _problem_and_pool(config: RunConfig, resources: ExitStack) -> tuple[Problem, Any]:
+    """The problem, built here; with ``scale.workers`` also a pool of replicas of it on Ray
+    (then, without ``scale.driver_replica``, a problem whose space, evaluator and save are the
+    pool's)."""
+    scale = config.scale
+    local = None
+    if not scale.workers or scale.driver_replica:
+        local = build_problem(config.problem, config.seed)
+    if not scale.workers:
+        return local, None
+    from esbox.adapters.scale.cluster import open_pool
+
+    factory = functools.partial(build_problem, config.problem, config.seed)
+    pool = open_pool(scale, factory, local or False, resources)
+    if local is None:
+        local = Problem(pool.space, pool, pool.label or config.problem["kind"], pool.save)
+    return local, pool
 
 
 def load_run(path: str | Path, overrides: Iterable[str] = ()) -> Session:

@@ -1,17 +1,20 @@
 """Scale out on Ray: a pool of replicas (space + evaluator per actor) driven by specs alone.
 
-Each actor builds its own replica from a picklable factory. The driver sends a step's
-perturbation specs in contiguous blocks (an antithetic twin stays with its partner), gathers
-the rewards in order, and broadcasts every ``Update``, which each replica applies by replay:
-only seeds and scalars cross the wire, and the replicas stay bit-identical (same layout and
-device type). Recipes, including one GPU per LLM replica, are in docs/scale-out.md.
+Each actor builds its own replica from a picklable factory. The driver deals a step's
+perturbation specs to whichever actor is free, in chunks sized by its measured speed
+(``balance``), puts the rewards back by member index, and broadcasts every ``Update``, which
+each replica applies by replay: only seeds and scalars cross the wire, and the replicas stay
+bit-identical (same layout and device type). An actor that dies is replaced by a new one from
+the factory, brought to the current parameters (``catch_up``), and its unfinished members are
+scored again, so the step's rewards and update do not change. Recipes: docs/scale-out.md.
 """
 
 from __future__ import annotations
 
-import itertools
-import re
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,50 +25,10 @@ from esbox.space import ParameterSpace
 from esbox.specs import Perturbation, Update
 from esbox.strategy import Strategy
 
-from .replica import Replica, ReplicaActor, state_checksum
-
-RAY_EXTRA_HINT = "install the Ray extra: pip install 'esbox[ray]'"
-ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the tracebacks it forwards
-
-
-class PoolError(RuntimeError):
-    """An actor of a pool failed, died or drifted; the message names it."""
-
-
-def require_ray() -> Any:
-    """Import ray, or say which extra installs it."""
-    try:
-        import ray
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError(f"esbox's Ray pool needs ray; {RAY_EXTRA_HINT}") from exc
-    return ray
-
-
-def _twin(p: Perturbation, q: Perturbation) -> bool:
-    """True when ``p`` is the antithetic twin of ``q`` (same noise, opposite scale)."""
-    same = ("run_seed", "step", "seed", "subspace", "num_subspaces")
-    return p.scale == -q.scale and all(getattr(p, f) == getattr(q, f) for f in same)
-
-
-def split_members(perturbations: Sequence[Perturbation], parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous ``[lo, hi)`` blocks of about equal size covering the population,
-    never separating an antithetic twin from the partner it follows (a replica can then
-    reflect it, and every replica realises exactly what one process would). Blocks may be
-    empty when there are fewer members than parts."""
-    if parts < 1:
-        raise ValueError(f"parts must be >= 1, got {parts}")
-    n = len(perturbations)
-    starts: list[int] = []  # where each member or (member, twin) group starts
-    for i, p in enumerate(perturbations):
-        if not (starts and starts[-1] == i - 1 and _twin(p, perturbations[i - 1])):
-            starts.append(i)
-    bounds = [0]
-    for j in range(1, parts):
-        ideal = j * n / parts
-        candidates = [s for s in (*starts, n) if s >= bounds[-1]]
-        bounds.append(min(candidates, key=lambda s: abs(s - ideal)))
-    bounds.append(n)
-    return list(itertools.pairwise(bounds))
+from .actors import Actors, Replacement
+from .balance import chunk_length, measured, work_units
+from .errors import PoolError, is_death, require_ray
+from .replica import Replica, replica_parts, state_checksum
 
 
 class PoolSpace:
@@ -102,13 +65,16 @@ class PoolSpace:
 class RayPool:
     """``num_actors`` Ray actors, each a replica built by ``factory()``; an ``Evaluator``.
 
-    Use ``pool.space`` as the run's space and the pool as its evaluator (``pool.runner``
-    wires both). ``actor_options`` go to ``ray.remote`` (default ``{"num_cpus": 1}``; an LLM
-    replica takes ``{"num_gpus": 1}``). ``local_replica=True`` also builds a replica on the
-    driver that follows every update, so checkpoints are read locally; turn it off when the
-    driver cannot hold one or its device type differs from the actors' (replay is
-    bit-identical only on the same device type): checkpoints then come from actor 0.
-    Ray is initialised with its defaults if nobody did it first.
+    Use ``pool.space`` as the run's space and the pool as its evaluator (``pool.runner`` wires
+    both). ``actor_options`` go to ``ray.remote`` (default ``{"num_cpus": 1}``; an LLM replica
+    takes ``{"num_gpus": 1}``). ``local_replica=True`` also builds a replica on the driver that
+    follows every update, so checkpoints are read locally (a ``(space, evaluator)`` pair, or a
+    ``Problem``, is used as that replica instead); turn it off when the driver cannot hold one or
+    its device type differs from the actors' (replay is bit-identical only on the same device
+    type): checkpoints then come from actor 0. Up to ``retries`` dead actors a step are replaced;
+    a replacement replays the updates since the pool's base state while there are at most
+    ``replay_limit`` of them, else copies the parameters of a live replica (``Actors``). Ray is
+    initialised with its defaults if nobody did it first.
     """
 
     def __init__(
@@ -117,168 +83,250 @@ class RayPool:
         num_actors: int,
         *,
         actor_options: dict[str, Any] | None = None,
-        local_replica: bool = True,
+        local_replica: bool | Replica = True,
         start_timeout: float | None = 600.0,
+        retries: int = 3,
+        replay_limit: int = 50,
     ) -> None:
-        if num_actors < 1:
-            raise ValueError(f"num_actors must be >= 1, got {num_actors}")
-        self._ray = ray = require_ray()
+        self._ray = require_ray()
         options = {"num_cpus": 1, **(actor_options or {})}
-        remote = ray.remote(ReplicaActor).options(**options)
-        self.actors: list[Any] = [remote.remote(factory) for _ in range(num_actors)]
-        self._where = [f"actor {i} of {num_actors}" for i in range(num_actors)]
+        self._actors = actors = Actors(
+            factory,
+            num_actors,
+            options,
+            retries=retries,
+            replay_limit=replay_limit,
+            start_timeout=start_timeout,
+        )
         self._broken: str | None = None
         self.space = PoolSpace(self)
+        self.last_assignment: list[int] = []  # the actor that scored each member, last step
+        self._best_reward, self._best_actor = -np.inf, None
+        self.local: ParameterSpace | None = None
+        self._local_evaluator: Any = None
         try:  # the driver's replica is built while the actors start
-            self.local: ParameterSpace | None = factory()[0] if local_replica else None
-            infos = self._gather(self._all("describe"), f"starting ({options})", start_timeout)
-            self.dimension = int(infos[0]["dimension"])
-            if self.local is not None and self.local.dimension != self.dimension:
-                raise PoolError(
-                    f"the driver's replica has {self.local.dimension} parameters, "
-                    f"the actors' have {self.dimension}"
-                )
+            if local_replica is True:
+                local_replica = factory()
+            if local_replica is not False and local_replica is not None:
+                self.local, self._local_evaluator = replica_parts(local_replica)
+            infos = actors.start()
+            actors.best_state = self._ray.get(actors.handles[0].evaluator_state.remote())
         except BaseException:
             self.close()
             raise
-        self._where = [f"{w} ({info['where']})" for w, info in zip(self._where, infos, strict=True)]
+        actors.local = self.local
+        self.dimension = int(infos[0]["dimension"])
+        if self.local is not None and self.local.dimension != self.dimension:
+            self.close()
+            raise PoolError(
+                f"the driver's replica has {self.local.dimension} parameters, "
+                f"the actors' have {self.dimension}"
+            )
         self.best_value: float | None = infos[0]["best_value"]
-        self._best_reward = -np.inf
-        self._best_actor: int | None = None
+        self.label: str | None = infos[0]["label"]
+        self._keep_twins = any(info["reflects"] for info in infos)
 
-    # -- plumbing ----------------------------------------------------------------------------------
-    def _all(self, method: str, *args: Any) -> list[tuple[int, Any]]:
-        """``(actor index, result ref)`` of calling ``method(*args)`` on every actor."""
-        return [(i, getattr(a, method).remote(*args)) for i, a in enumerate(self.actors)]
+    @property
+    def actors(self) -> list[Any]:
+        """The Ray actor handles, in order (a replaced actor's handle is the new one)."""
+        return self._actors.handles
 
-    def _gather(
-        self,
-        calls: Sequence[tuple[int, Any]],
-        doing: str | Callable[[int], str],
-        timeout: float | None = None,
-    ) -> list[Any]:
-        """The results of ``(actor index, ref)`` calls, in order. Waits for every call before
-        raising the first failure as a ``PoolError`` naming its actor, so no actor is left
-        in the middle of one. ``doing`` says what the k-th call was doing."""
-        errors = self._ray.exceptions
-        results: list[Any] = []
-        failure: tuple[str, BaseException] | None = None
-        for k, (i, ref) in enumerate(calls):
-            what = doing(k) if callable(doing) else doing
-            result = None
-            try:
-                result = self._ray.get(ref, timeout=timeout)
-            except errors.RayActorError as exc:
-                failure = failure or (f"{self._where[i]} died while {what}: {exc}", exc)
-            except errors.GetTimeoutError as exc:
-                message = (
-                    f"{self._where[i]} did not finish {what} within {timeout} s "
-                    f"(free resources: {self._ray.available_resources()})"
-                )
-                failure = failure or (message, exc)
-            except errors.RayTaskError as exc:
-                cause = getattr(exc, "cause", None) or exc
-                message = f"{self._where[i]} failed while {what}: {type(cause).__name__}: {cause}"
-                failure = failure or (message, exc)
-            except errors.RayError as exc:  # lost objects, crashed workers, ...
-                failure = failure or (f"{self._where[i]} failed while {what}: {exc}", exc)
-            results.append(result)
-        if failure is not None:
-            raise PoolError(ANSI_COLOUR.sub("", failure[0])) from failure[1]
-        return results
+    @property
+    def num_actors(self) -> int:
+        return len(self._actors)
+
+    @property
+    def replacements(self) -> list[Replacement]:
+        """Every dead actor replaced so far, with what its replacement cost."""
+        return self._actors.replacements
+
+    @property
+    def retries(self) -> int:
+        """Dead actors replaced in one step before a ``PoolError`` stops it."""
+        return self._actors.retries
+
+    @retries.setter
+    def retries(self, value: int) -> None:
+        self._actors.retries = value
 
     def _check_usable(self) -> None:
         if self._broken is not None:
             raise PoolError(f"the pool is unusable: {self._broken}")
 
-    @property
-    def num_actors(self) -> int:
-        return len(self.actors)
-
     # -- the Evaluator ---------------------------------------------------------------------------
     def evaluate(self, space: Any, perturbations: Sequence[Perturbation]) -> np.ndarray:
-        """Rewards of the population, in order, each block of members scored by one actor."""
+        """Rewards of the population, in member order: each free actor takes the next chunk of
+        members; a dead actor's chunk goes back to the front of the queue for the others and
+        its replacement."""
         if space is not self.space:
             raise TypeError("a RayPool scores its own replicas: give the run pool.space")
         self._check_usable()
-        plan = [
-            (i, lo, hi)
-            for i, (lo, hi) in enumerate(split_members(perturbations, self.num_actors))
-            if hi > lo
-        ]
-        calls = [
-            (i, self.actors[i].evaluate.remote([p.to_dict() for p in perturbations[lo:hi]]))
-            for i, lo, hi in plan
-        ]
-        step = perturbations[0].step if perturbations else "?"
-
-        def doing(k: int) -> str:
-            _, lo, hi = plan[k]
-            return f"evaluating members {lo}..{hi - 1} of step {step}"
-
+        actors = self._actors
+        step = perturbations[0].step if perturbations else None
+        actors.new_step(step)
+        members = [p.to_dict() for p in perturbations]
+        queue = deque(work_units(perturbations, self._keep_twins))
         rewards = np.empty(len(perturbations))
-        for (i, lo, hi), (block, best) in zip(plan, self._gather(calls, doing), strict=True):
-            if block.size != hi - lo:
-                raise PoolError(f"{self._where[i]} returned {block.size} rewards for {hi - lo}")
-            rewards[lo:hi] = block
+        owner = [-1] * len(perturbations)
+        done: list[tuple[int, int, int, np.ndarray, float | None]] = []
+        jobs: dict[Any, tuple[str, int, Any]] = {}  # ref -> (kind, actor, chunk or started)
+        idle = list(range(self.num_actors))
+        error: PoolError | None = None
+        while True:
+            while error is None and queue and idle:
+                i = idle.pop(0)
+                chunk = [
+                    queue.popleft()
+                    for _ in range(chunk_length(queue, actors.speed[i], len(actors)))
+                ]
+                lo, hi = chunk[0][0], chunk[-1][1]
+                ref = actors.call(i, "evaluate", members[lo:hi])
+                jobs[ref] = ("score", i, (chunk, time.perf_counter()))
+            if not jobs:
+                break
+            [ref], _ = self._ray.wait(list(jobs), num_returns=1)
+            kind, i, payload = jobs.pop(ref)
+            if kind == "join":
+                doing = payload
+            else:
+                chunk, started = payload
+                lo, hi = chunk[0][0], chunk[-1][1]
+                which = f"member {lo}" if hi - lo == 1 else f"members {lo}..{hi - 1}"
+                doing = f"evaluating {which} of step {step}"
+            try:
+                result = self._ray.get(ref)
+            except self._ray.exceptions.RayError as exc:
+                if not is_death(exc):
+                    actors.replacing.pop(i, None)
+                    error = error or actors.error(i, doing, exc)
+                    idle.append(i)
+                    continue
+                if kind == "score":
+                    queue = deque(sorted([*queue, *chunk]))
+                try:
+                    jobs[actors.respawn(i, doing, exc)] = ("join", i, doing)
+                except PoolError as exc2:
+                    error = error or exc2
+                continue
+            if kind == "join":
+                actors.ready(i, result)
+            else:
+                block, best = result
+                if block.size != hi - lo:
+                    raise PoolError(
+                        f"{actors.where[i]} returned {block.size} rewards for {hi - lo}"
+                    )
+                rewards[lo:hi] = block
+                owner[lo:hi] = [i] * (hi - lo)
+                done.append((lo, hi, i, block, best))
+                actors.speed[i] = measured(actors.speed[i], time.perf_counter() - started, hi - lo)
+            idle.append(i)
+        if error is not None:
+            raise error
+        self.last_assignment = owner
+        self._track_best(done, members, step)
+        return rewards
+
+    def _track_best(
+        self, done: list[tuple[int, int, int, np.ndarray, float | None]], members: list, step: Any
+    ) -> None:
+        """The best reward so far, the first in member order as one evaluator would keep it,
+        and (when it improved) the evaluator state of the actor that found it."""
+        found = None
+        for lo, hi, i, block, best in sorted(done, key=lambda d: d[0]):
             finite = block[np.isfinite(block)]
-            # the first best in member order, as one evaluator scoring them all would keep
             if finite.size and finite.max() > self._best_reward:
                 self._best_reward, self._best_actor, self.best_value = finite.max(), i, best
-        return rewards
+                found = (i, members[lo:hi], f"reading the best of step {step}")
+        if found is None or self._actors.best_state is None:
+            return
+        self._actors.best_state = state = self._best_state_of(*found)
+        if hasattr(self._local_evaluator, "load_state_dict"):
+            self._local_evaluator.load_state_dict(state)
+
+    def _best_state_of(self, i: int, members: list[dict[str, Any]], doing: str) -> Any:
+        """Actor ``i``'s evaluator state; if it died since, its replacement scores ``members``
+        (the chunk holding the best) again first, and so finds the same best."""
+        rescore = False
+        while True:
+            try:
+                if rescore:
+                    self._ray.get(self._actors.call(i, "evaluate", members))
+                return self._ray.get(self._actors.call(i, "evaluator_state"))
+            except self._ray.exceptions.RayError as exc:
+                if not is_death(exc):
+                    raise self._actors.error(i, doing, exc) from exc
+                self._actors.wait_ready(i, self._actors.respawn(i, doing, exc), doing)
+                rescore = True
 
     @property
     def best_x(self) -> Any:
-        """The evaluator's ``best_x`` from the replica that found the best reward (or None)."""
-        actor = self.actors[self._best_actor or 0]
-        return self._ray.get(actor.evaluator_attribute.remote("best_x"))
+        """The evaluator's ``best_x`` for the best reward so far (or None)."""
+        if self._local_evaluator is not None:
+            return getattr(self._local_evaluator, "best_x", None)
+        i = self._best_actor or 0
+        call = (i, "evaluator_attribute", ("best_x",))
+        return self._actors.run([call], "reading best_x", reissue=True)[0]
 
     def state_dict(self) -> dict[str, Any]:
-        """The evaluator state of the replica with the best reward, plus that reward: the same
-        shape as one evaluator's state, so pooled and one-process checkpoints interchange."""
+        """The evaluator state of the best so far, plus its reward: the same shape as one
+        evaluator's state, so pooled and one-process checkpoints interchange."""
         self._check_usable()
-        i = self._best_actor or 0
-        (inner,) = self._gather([(i, self.actors[i].evaluator_state.remote())], "saving")
-        return {**(inner or {}), "pool_best_reward": float(self._best_reward)}
+        return {**(self._actors.best_state or {}), "pool_best_reward": float(self._best_reward)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Give every replica's evaluator the saved state (all then share the best so far)."""
         self._check_usable()
         inner = {k: v for k, v in state.items() if k != "pool_best_reward"}
         if set(inner) - {"tensors"}:
-            calls = self._all("load_evaluator_state", self._ray.put(inner))
-            self.best_value = self._gather(calls, "loading the evaluator state")[0]
+            self._actors.best_state = inner
+            if hasattr(self._local_evaluator, "load_state_dict"):
+                self._local_evaluator.load_state_dict(inner)
+            ref = self._ray.put(inner)
+            calls = [(i, "load_evaluator_state", (ref,)) for i in range(self.num_actors)]
+            self.best_value = self._actors.run(calls, "loading the evaluator state", reissue=True)[
+                0
+            ]
         self._best_reward = float(state.get("pool_best_reward", -np.inf))
         self._best_actor = None
 
     # -- the space, broadcast ----------------------------------------------------------------------
     def _apply(self, update: Update) -> float:
         self._check_usable()
-        calls = self._all("apply", update.to_dict())
+        spec = update.to_dict()
+        self._actors.record(spec)
+        calls = [(i, "apply", (spec,)) for i in range(self.num_actors)]
+        doing = f"applying the update of step {update.step}"
         try:  # the driver's replica applies it while the actors do
+            pending = {self._actors.call(i, "apply", spec): (i, i) for i in range(self.num_actors)}
             norm = self.local.apply(update) if self.local is not None else None
-            norms = self._gather(calls, f"applying the update of step {update.step}")
+            norms = self._actors.settle(pending, calls, doing, reissue=False)
         except BaseException as exc:
             self._broken = f"the update of step {update.step} did not reach every replica ({exc})"
             raise
-        return norm if norm is not None else norms[0]
+        found = [n for n in norms if n is not None]
+        return norm if norm is not None else (found[0] if found else float("nan"))
 
     def _state_dict(self) -> dict[str, torch.Tensor]:
         if self.local is not None:  # the reference copy, readable even when an actor failed
             return self.local.state_dict()
         self._check_usable()
-        return self._gather([(0, self.actors[0].state_dict.remote())], "saving")[0]
+        return self._actors.run([(0, "state_dict", ())], "reading its parameters", reissue=True)[0]
 
     def _load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         if self.local is not None:
             self.local.load_state_dict(tensors)
-        self._gather(self._all("load_state_dict", self._ray.put(tensors)), "loading parameters")
+        ref = self._ray.put(tensors)
+        self._actors.rebase(ref)  # what a replacement starts from
+        calls = [(i, "load_state_dict", (ref,)) for i in range(self.num_actors)]
+        self._actors.run(calls, "loading parameters", reissue=False)
         self._broken = None  # every replica holds the same state again
 
-    # -- checks and lifetime ---------------------------------------------------------------------
+    # -- checks, results and lifetime ------------------------------------------------------------
     def checksums(self) -> list[str]:
         """``state_checksum`` of every actor's replica, in order (a pass over the weights)."""
-        return self._gather(self._all("checksum"), "hashing its state")
+        calls = [(i, "checksum", ()) for i in range(self.num_actors)]
+        return self._actors.run(calls, "hashing its state", reissue=True)
 
     def verify(self) -> str:
         """Check that every replica (and the driver's) holds the same state; returns its
@@ -287,12 +335,18 @@ class RayPool:
         if self.local is not None:
             reference, name = state_checksum(self.local), "the driver's replica"
         else:
-            reference, name = sums[0], self._where[0]
-        for where, checksum in zip(self._where, sums, strict=True):
+            reference, name = sums[0], self._actors.where[0]
+        for where, checksum in zip(self._actors.where, sums, strict=True):
             if checksum != reference:
                 self._broken = f"{where} drifted from {name}"
                 raise PoolError(f"{where} holds other parameters than {name}")
         return reference
+
+    def save(self, directory: str | Path) -> dict[str, Any]:
+        """The factory's ``save(directory)`` (a run's best point or trained model), run by
+        actor 0 with the pool's best so far: for a pool without a driver replica."""
+        call = (0, "save", (str(directory), self._actors.best_state))
+        return self._actors.run([call], "saving the result", reissue=True)[0]
 
     def runner(self, strategy: Strategy, budget: Budget, **options: Any) -> Runner:
         """A ``Runner`` over the pool: ``pool.space`` as its space, the pool as its evaluator."""
@@ -300,9 +354,7 @@ class RayPool:
 
     def close(self) -> None:
         """Kill the actors (the driver's replica stays readable)."""
-        for actor in self.actors:
-            self._ray.kill(actor)
-        self.actors = []
+        self._actors.close()
         self._broken = "it was closed"
 
     def __enter__(self) -> RayPool:

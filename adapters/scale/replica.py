@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,8 +20,26 @@ from esbox.evaluation import FunctionEvaluator
 from esbox.space import DEFAULT_CHUNK_SIZE, ParameterSpace, VectorSpace
 from esbox.specs import Perturbation, Update
 
-Replica = tuple[ParameterSpace, Any]
-"""What a factory returns: a space and an evaluator of that space."""
+Replica = Any
+"""What a factory returns: a ``(space, evaluator)`` pair, or an object with ``space`` and
+``evaluator`` attributes (e.g. a run config's ``Problem``, whose ``label`` and ``save`` the
+pool can then use)."""
+
+
+def replica_parts(replica: Replica) -> tuple[ParameterSpace, Any]:
+    """The ``(space, evaluator)`` of a replica, whichever form the factory gave."""
+    if isinstance(replica, tuple):
+        space, evaluator = replica
+    else:
+        space, evaluator = replica.space, replica.evaluator
+    if not isinstance(space, ParameterSpace):
+        raise TypeError(f"the factory must return (space, evaluator), got {space!r}")
+    return space, evaluator
+
+
+def tensor_bytes(tensors: dict[str, torch.Tensor] | None) -> int:
+    """Bytes of the tensors of a state dict (what a copy of it moves)."""
+    return sum(t.numel() * t.element_size() for t in (tensors or {}).values())
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,17 +87,47 @@ class ReplicaActor:
     """One replica inside a Ray actor: built from the factory, driven by specs."""
 
     def __init__(self, factory: Callable[[], Replica]) -> None:
-        self.space, self.evaluator = factory()
-        if not isinstance(self.space, ParameterSpace):
-            raise TypeError(f"the factory must return (space, evaluator), got {self.space!r}")
+        self.replica = factory()
+        self.space, self.evaluator = replica_parts(self.replica)
 
     def describe(self) -> dict[str, Any]:
+        import ray
+
         return {
             "dimension": self.space.dimension,
             "best_value": best_value(self.evaluator),
             "where": f"pid {os.getpid()} on {socket.gethostname()}",
             "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "reflects": bool(getattr(self.space, "reflect_antithetic", False)),
+            "stateful": hasattr(self.evaluator, "state_dict"),
+            "label": getattr(self.replica, "label", None),
         }
+
+    def catch_up(
+        self,
+        state: dict[str, torch.Tensor] | None,
+        updates: list[dict[str, Any]],
+        evaluator_state: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Reach the pool's current parameters: load ``state`` (None: keep the factory's), then
+        replay ``updates`` in order; take the pool's best so far. Returns ``describe()`` with
+        the bytes received, the seconds it took and the norm of the last update replayed."""
+        start = time.perf_counter()
+        if state is not None:
+            self.space.load_state_dict(state)
+        norm = None
+        for update in updates:
+            norm = self.space.apply(Update.from_dict(update))
+        if evaluator_state is not None:
+            self.load_evaluator_state(evaluator_state)
+        received = {
+            "state": tensor_bytes(state),
+            "updates": len(pickle.dumps(updates)),
+            "evaluator": len(pickle.dumps(evaluator_state)) if evaluator_state else 0,
+        }
+        seconds = time.perf_counter() - start
+        return {**self.describe(), "received": received, "seconds": seconds, "norm": norm}
 
     def evaluate(self, members: list[dict[str, Any]]) -> tuple[np.ndarray, float | None]:
         perturbations = [Perturbation(**m) for m in members]
@@ -106,3 +157,13 @@ class ReplicaActor:
 
     def evaluator_attribute(self, name: str) -> Any:
         return getattr(self.evaluator, name, None)
+
+    def save(self, directory: str, evaluator_state: dict[str, Any] | None) -> dict[str, Any]:
+        """Write the result as the factory's ``save(directory)`` does (e.g. a run's best point
+        or trained model), after taking the pool's best so far."""
+        save = getattr(self.replica, "save", None)
+        if save is None:
+            raise TypeError("this replica has no save(directory): its factory returned a pair")
+        if evaluator_state is not None:
+            self.load_evaluator_state(evaluator_state)
+        return dict(save(Path(directory)))

@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from esbox.errors import ConfigError
 
 from .arithmetic import ArithmeticTask
 from .base import Task
 from .math_problems import MathTask
 from .multihop import MultiHopQATask
 from .qa import QATask
+from .sources import FIELDS, check_columns, column_options, dataset_rows, load_dataset, read_source
 from .tool_math import ToolMathTask
 
 TASK_KINDS = ("arithmetic", "math", "qa", "tool_math", "multihop_qa", "datasets")
-
-
-def load_datasets_rows(
-    name: str, split: str, config: str | None = None, **kwargs: Any
-) -> list[dict]:
-    """Rows of a Hugging Face ``datasets`` split (needs network or a local cache)."""
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ImportError(
-            "a task from a datasets name needs the datasets package: pip install datasets"
-        ) from exc
-    return list(datasets.load_dataset(name, config, split=split, **kwargs))
 
 
 def load_task(spec: Mapping[str, Any]) -> Task:
@@ -36,19 +26,24 @@ def load_task(spec: Mapping[str, Any]) -> Task:
     * ``{"kind": "multihop_qa", "kb_seed": 0}`` (the synthetic 2-hop base) or
       ``{"kind": "multihop_qa", "path": "hotpot.jsonl", "corpus_path": "docs.jsonl"}``
     * ``{"kind": "math", "path": "train.jsonl", "heldout_path": "test.jsonl",
-      "format_weight": 0.1}``
-    * ``{"kind": "qa", "path": "qa.jsonl", "metric": "em"}``
-    * ``{"kind": "datasets", "name": "openai/gsm8k", "config": "main", "split": "train",
-      "heldout_split": "test", "format": "math"}``: other keys go to the math/QA task.
+      "format_weight": 0.1}``; ``path`` may be a JSONL/JSON/Parquet/CSV file or a directory
+      saved by ``datasets`` (``split``/``heldout_split`` pick from a ``DatasetDict``)
+    * ``{"kind": "qa", "path": "qa.csv", "metric": "em", "columns": {"answers": "gold"}}``
+    * ``{"kind": "datasets", "name": "json", "data_files": {"train": "a.jsonl"},
+      "split": "train", "heldout_split": "test", "format": "math"}``: ``datasets.load_dataset``;
+      other keys go to the math/QA task.
+
+    ``columns`` maps the task's fields (math: question, answer; qa: question, answers, context)
+    to the data's column names.
     """
     opts = dict(spec)
     kind = opts.pop("kind", None)
     try:
         return _build_task(kind, opts)
     except TypeError as exc:  # an unknown or missing option: name it, like a config error
-        raise ValueError(f"task (kind {kind!r}): {exc}") from None
+        raise ConfigError(f"task (kind {kind!r}): {exc}") from None
     except KeyError as exc:
-        raise ValueError(f"task (kind {kind!r}) needs the option {exc}") from None
+        raise ConfigError(f"task (kind {kind!r}) needs the option {exc}") from None
 
 
 def _build_task(kind: Any, opts: dict[str, Any]) -> Task:
@@ -58,21 +53,49 @@ def _build_task(kind: Any, opts: dict[str, Any]) -> Task:
         return ToolMathTask(**opts)
     if kind == "multihop_qa":
         if "path" in opts:
-            return MultiHopQATask.from_files(opts.pop("path"), opts.pop("heldout_path", None),
-                                             **opts)
+            return MultiHopQATask.from_files(
+                opts.pop("path"), opts.pop("heldout_path", None), **opts
+            )
         return MultiHopQATask.synthetic(**opts)
     if kind in ("math", "qa"):
-        cls = MathTask if kind == "math" else QATask
-        return cls.from_files(opts.pop("path"), opts.pop("heldout_path", None), **opts)
+        path, heldout_path = opts.pop("path"), opts.pop("heldout_path", None)
+        split, heldout_split = opts.pop("split", "train"), opts.pop("heldout_split", None)
+        limit = opts.pop("limit", None)
+        train = read_source(path, split=split, limit=limit)
+        held = None
+        if heldout_path is not None or heldout_split is not None:
+            held = read_source(heldout_path or path, split=heldout_split or split, limit=limit)
+        return _row_task(kind, train, held, str(path), opts)
     if kind == "datasets":
         name, fmt = opts.pop("name"), opts.pop("format", "math")
-        config, split = opts.pop("config", None), opts.pop("split", "train")
-        heldout_split = opts.pop("heldout_split", None)
+        if fmt not in FIELDS:
+            raise ConfigError(f"task format must be 'math' or 'qa', got {fmt!r}")
+        loaded = load_dataset(
+            name,
+            opts.pop("config", None),
+            data_files=opts.pop("data_files", None),
+            cache_dir=opts.pop("cache_dir", None),
+        )
+        split, heldout_split = opts.pop("split", "train"), opts.pop("heldout_split", None)
         limit = opts.pop("limit", None)
-        train = load_datasets_rows(name, split, config)[:limit]
-        held = load_datasets_rows(name, heldout_split, config)[:limit] if heldout_split else None
-        cls = {"math": MathTask, "qa": QATask}.get(fmt)
-        if cls is None:
-            raise ValueError(f"datasets format must be 'math' or 'qa', got {fmt!r}")
-        return cls(train, held, name=opts.pop("task_name", name), **opts)
-    raise ValueError(f"unknown task kind {kind!r}; use one of {', '.join(TASK_KINDS)}")
+        train = dataset_rows(loaded, split, name, limit)
+        held = dataset_rows(loaded, heldout_split, name, limit) if heldout_split else None
+        opts["name"] = opts.pop("task_name", name)
+        return _row_task(fmt, train, held, name, opts)
+    raise ConfigError(f"unknown task kind {kind!r}; use one of {', '.join(TASK_KINDS)}")
+
+
+def _row_task(
+    fmt: str,
+    train: Sequence[Mapping[str, Any]],
+    held: Sequence[Mapping[str, Any]] | None,
+    where: str,
+    opts: dict[str, Any],
+) -> Task:
+    """A math or QA task over rows, after mapping and checking the columns it reads."""
+    columns = opts.pop("columns", None) or {}
+    opts.update(column_options(fmt, columns, opts))
+    check_columns(train, fmt, opts, where, mapped=list(columns))
+    if held is not None:
+        check_columns(held, fmt, opts, f"{where} (held-out)", mapped=list(columns))
+    return (MathTask if fmt == "math" else QATask)(train, held, **opts)
