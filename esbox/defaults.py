@@ -49,6 +49,8 @@ def black_box_defaults(
     defaults: dict[str, Any] = {}
     if "population" in fields and "population" not in given:
         defaults["population"] = default_population(strategy, dimension, given)
+    if strategy.adapts_sigma:  # its own sigma and rate are its defaults
+        return defaults
     if "sigma" in fields and "sigma" not in given:
         defaults["sigma"] = {"kind": "adaptive", "initial": DEFAULT_SIGMA}
     if "learning_rate" in fields and "learning_rate" not in given:

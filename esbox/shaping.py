@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SHAPINGS = ("centered_ranks", "zscore", "raw")
+SHAPINGS = ("centered_ranks", "zscore", "raw", "utilities")
 
 
 def sanitize(rewards: Sequence[float] | np.ndarray) -> tuple[np.ndarray, int]:
@@ -58,11 +58,33 @@ def raw(rewards: np.ndarray) -> np.ndarray:
     return r.copy()
 
 
+def utilities(rewards: np.ndarray) -> np.ndarray:
+    """NES fitness shaping (Wierstra et al. 2014): the k-th best of n gets
+    max(0, ln(n/2 + 1) - ln k) / sum - 1/n, so only the better half pulls and the weights sum
+    to zero. Tied rewards share the mean of their weights."""
+    r = np.asarray(rewards, dtype=np.float64)
+    n = r.size
+    if n < 2 or np.all(r == r[0]):
+        return np.zeros(n)
+    raw_weights = np.maximum(0.0, np.log(n / 2 + 1) - np.log(np.arange(1, n + 1)))
+    weights = raw_weights / raw_weights.sum() - 1.0 / n  # weights[0]: the best member's
+    ranks = (centered_ranks(r) + 0.5) * (n - 1)  # 0 = worst, n - 1 = best; ties averaged
+    out = np.empty(n)
+    for rank in np.unique(ranks):
+        tied = ranks == rank
+        count = int(tied.sum())
+        best_position = int(np.rint(n - 1 - rank - (count - 1) / 2))  # 0-based, best first
+        out[tied] = weights[best_position : best_position + count].mean()
+    return out
+
+
 def shape(rewards: np.ndarray, method: str, groups: np.ndarray | None = None) -> np.ndarray:
     """Shape rewards jointly, or separately within each group label when ``groups`` is given."""
     if method not in SHAPINGS:
         raise ValueError(f"unknown shaping '{method}' (allowed: {', '.join(SHAPINGS)})")
-    fn = {"centered_ranks": centered_ranks, "zscore": zscore, "raw": raw}[method]
+    fn = {"centered_ranks": centered_ranks, "zscore": zscore, "raw": raw, "utilities": utilities}[
+        method
+    ]
     r = np.asarray(rewards, dtype=np.float64)
     if groups is None:
         return np.asarray(fn(r), dtype=np.float64)

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from esbox.chunks import Chunk, chunk_layout
-from esbox.errors import ResumeError
 from esbox.explicit import ExplicitSpecs
 from esbox.noise import (
     DEFAULT_TABLE_SIZE,
@@ -27,13 +26,15 @@ from esbox.noise import (
 )
 from esbox.optimizers import ChunkOptimizer, validate_optimizer
 from esbox.partition import LayoutPartition
+from esbox.saved_space import SavedSpace
+from esbox.scales import CoordinateScales
 from esbox.specs import Perturbation, Term, Update
 
 DEFAULT_CHUNK_SIZE = 1 << 22
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-class ParameterSpace(ExplicitSpecs):
+class ParameterSpace(ExplicitSpecs, SavedSpace):
     """Parameters held as flat tensors, perturbed and updated chunk by chunk by seed replay.
 
     Subclasses hand over the tensors (``VectorSpace`` a vector, the torch adapter a module's
@@ -75,6 +76,7 @@ class ParameterSpace(ExplicitSpecs):
             }
         self._backup: dict[int, torch.Tensor] | None = None
         self._optimizer = ChunkOptimizer()
+        self._scales = CoordinateScales(self._flat)  # per-coordinate noise scales (SNES)
         largest = max((chunk.numel for chunk in self.chunks), default=1)
         threads = noise_threads if noise_threads is not None else min(torch.get_num_threads(), 4)
         self.noise_mode = noise
@@ -114,6 +116,10 @@ class ParameterSpace(ExplicitSpecs):
         for i, flat in enumerate(self._flat):
             flat.copy_(self._reference(i))
         self._perturbed = False
+
+    def scales(self) -> torch.Tensor:
+        """Every per-coordinate noise scale s (SNES), flat and in layout order (a copy)."""
+        return self._scales.gather(self.chunks)
 
     # -- replayed noise -------------------------------------------------------------------------
     def _member_noise(
@@ -175,6 +181,8 @@ class ParameterSpace(ExplicitSpecs):
             return
         for chunk, eps, mask in self._directions(perturbation):
             direction = eps if mask is None else mask * eps
+            if perturbation.diagonal:
+                direction = direction * self._scales.of(chunk)
             yield chunk, direction * perturbation.scale
 
     # -- perturb / restore ------------------------------------------------------------------
@@ -228,6 +236,8 @@ class ParameterSpace(ExplicitSpecs):
         """Set every chunk to ``reference + scale * mask * eps``."""
         scale = perturbation.scale
         for chunk, eps, mask in self._directions(perturbation):
+            if perturbation.diagonal:
+                eps = eps * self._scales.of(chunk)
             flat = self._flat[chunk.tensor_index]
             ref = self._reference(chunk.tensor_index)[chunk.start : chunk.stop]
             target = flat[chunk.start : chunk.stop]
@@ -291,6 +301,8 @@ class ParameterSpace(ExplicitSpecs):
                         position, update.run_seed, update.step, terms[0], shared=False
                     )
                     grad.add_(acc.mul_(mask))
+            if update.diagonal:
+                grad.mul_(self._scales.of(chunk))
             delta = self._optimizer.delta(
                 update.optimizer,
                 chunk.tensor_index,
@@ -304,6 +316,11 @@ class ParameterSpace(ExplicitSpecs):
             theta.add_(delta.to(device=theta.device, dtype=theta.dtype))
             if chunk.tensor_index in self._master:
                 flat[chunk.start : chunk.stop].copy_(theta)
+        if update.scale_terms:  # after the step, which used the scales before this update
+            terms = update.scale_terms
+            pairs = [(c, t.seed) for c in self.chunks for t in terms]
+            noise = self._member_noise(update.run_seed, update.step, pairs)
+            self._scales.move(self.chunks, terms, noise)
         self._backup = None
         return math.sqrt(squared)
 
@@ -322,42 +339,6 @@ class ParameterSpace(ExplicitSpecs):
         """Scratch for a low-precision chunk's value at its master's precision: the update's
         second accumulator, free while the space is perturbed (no update can run then)."""
         return self._update_scratch(ref.device, ref.dtype)[1][:numel]
-
-    # -- state ---------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters, fp32 masters and optimizer state as named CPU tensors (safetensors-ready)."""
-        out = {f"param.{i}": t.detach().cpu().clone() for i, t in enumerate(self._flat)}
-        out.update({f"master.{i}": m.detach().cpu().clone() for i, m in self._master.items()})
-        out.update({k: v.detach().cpu().clone() for k, v in self._optimizer.state_dict().items()})
-        out["optimizer_steps"] = torch.tensor([self._optimizer.steps], dtype=torch.int64)
-        out["noise_table_size"] = torch.tensor([self._table_size], dtype=torch.int64)
-        return out
-
-    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Load in place (storage addresses are kept); shapes, dtypes and noise must match."""
-        saved_table = int(tensors.get("noise_table_size", torch.zeros(1))[0])
-        if saved_table != self._table_size:
-            raise ResumeError(
-                f"the checkpoint was written with noise table size {saved_table} "
-                f"(0: generator noise), this space uses {self._table_size}"
-            )
-        for i, flat in enumerate(self._flat):
-            saved = tensors[f"param.{i}"]
-            if saved.shape != flat.shape or saved.dtype != flat.dtype:
-                raise ValueError(
-                    f"tensor {i}: checkpoint has {tuple(saved.shape)} {saved.dtype}, "
-                    f"space has {tuple(flat.shape)} {flat.dtype}"
-                )
-            flat.copy_(saved)
-        for i, master in self._master.items():
-            master.copy_(tensors[f"master.{i}"])
-        optimizer = {
-            k: v.to(self._flat[int(k.rsplit(".", 1)[1])].device)
-            for k, v in tensors.items()
-            if k.startswith("optimizer.")
-        }
-        self._optimizer.load_state_dict(optimizer, int(tensors["optimizer_steps"][0]))
-        self._backup = None
 
 
 class VectorSpace(ParameterSpace):

@@ -19,7 +19,8 @@ class Perturbation:
     The realised perturbation is ``scale * mask_k * eps`` where ``eps`` is regenerated from
     ``(run_seed, step, seed, tensor, chunk)`` and ``mask_k`` selects subspace ``subspace`` of
     the ``num_subspaces``-way random partition of step ``step`` (no mask when
-    ``num_subspaces == 1``).
+    ``num_subspaces == 1``). A ``diagonal`` member's noise is also scaled per coordinate by
+    the space's scales s (``scale * s * mask_k * eps``: SNES's diagonal sigma).
     """
 
     run_seed: int
@@ -30,6 +31,7 @@ class Perturbation:
     num_subspaces: int = 1
     context: int | None = None
     values: tuple[float, ...] | None = None
+    diagonal: bool = False
 
     def __post_init__(self) -> None:
         _tuple_of_floats(self, "values")
@@ -56,7 +58,10 @@ class Perturbation:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _without_none(asdict(self), "values")
+        data = _without_none(asdict(self), "values")
+        if not self.diagonal:  # seed specs keep their wire format
+            del data["diagonal"]
+        return data
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,9 @@ class Update:
     Applying the same sequence of updates on any replica gives bit-identical parameters
     (same layout and device type), because only seeds and scalars are carried. An explicit
     update carries its step instead: ``theta <- theta + shift`` (no terms; the learning rate
-    and optimizer are not used).
+    and optimizer are not used). A ``diagonal`` update scales its direction per coordinate by
+    the space's scales s, then moves them: ``s <- s exp(sum_j c_j (eps_j^2 - 1))`` over its
+    ``scale_terms`` (SNES).
     """
 
     run_seed: int
@@ -97,6 +104,8 @@ class Update:
     learning_rate: float
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     shift: tuple[float, ...] | None = None
+    diagonal: bool = False
+    scale_terms: tuple[Term, ...] = ()
 
     def __post_init__(self) -> None:
         _tuple_of_floats(self, "shift")
@@ -104,7 +113,10 @@ class Update:
             raise ValueError("an update carries noise terms or an explicit shift, not both")
 
     def to_dict(self) -> dict[str, Any]:
-        return _without_none(asdict(self), "shift")
+        data = _without_none(asdict(self), "shift")
+        if not self.diagonal and not self.scale_terms:  # seed specs keep their wire format
+            del data["diagonal"], data["scale_terms"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Update:
@@ -115,6 +127,8 @@ class Update:
             learning_rate=data["learning_rate"],
             optimizer=OptimizerSpec(**data["optimizer"]),
             shift=data.get("shift"),
+            diagonal=data.get("diagonal", False),
+            scale_terms=tuple(Term(**t) for t in data.get("scale_terms", ())),
         )
 
     def subspace_groups(self) -> list[list[Term]]:

@@ -60,6 +60,9 @@ class Strategy(ABC):
     # While sigma adapts, lr_t = lr_0 (sigma_t / sigma_0)^power keeps a step proportional to
     # sigma: 2 for the canonical estimate sum r eps / (N sigma), 1 for reward-weighted updates.
     adaptive_rate_power: ClassVar[int] = 2
+    # True when the strategy adapts its own search distribution (SNES's per-coordinate scales):
+    # the black-box defaults then leave its sigma and learning rate alone.
+    adapts_sigma: ClassVar[bool] = False
 
     def __init__(self, dimension: int, *, seed: int = 0, **options: Any) -> None:
         if not isinstance(dimension, int) or dimension < 1:

@@ -38,6 +38,7 @@ def deliverable_ctrl_c() -> Iterator[None]:
     yield
     signal.signal(signal.SIGINT, previous)
 
+
 # Options every strategy accepts (they are on the shared StrategyOptions), small enough to be
 # cheap. A strategy that needs more to build at this size adds an entry to EXTRA_OPTIONS.
 BASE_OPTIONS: dict[str, Any] = {"population": 8, "sigma": 0.1, "learning_rate": 0.05}
@@ -45,6 +46,11 @@ EXTRA_OPTIONS: dict[str, dict[str, Any]] = {
     "copes": {"subspaces": 2},
     "ng:NGOpt": {"ng_budget": 800},  # NGOpt picks its algorithm by the budget
 }
+
+
+# Natural-gradient strategies read learning_rate as eta_mu (1 by design, not a step size): where
+# a test asks for an absolute pace, they get these instead.
+NATURAL_RATES: dict[str, dict[str, Any]] = {"snes": {"learning_rate": 1.0}}
 
 
 def contract_options(name: str, **overrides: Any) -> dict[str, Any]:
@@ -56,6 +62,12 @@ def contract_options(name: str, **overrides: Any) -> dict[str, Any]:
 def strategy_name(request: pytest.FixtureRequest) -> str:
     """The name of each registered strategy in turn."""
     return request.param
+
+
+@pytest.fixture
+def natural_rates(strategy_name: str) -> dict[str, Any]:
+    """Overrides a test that asks for an absolute pace gives the current strategy."""
+    return NATURAL_RATES.get(strategy_name, {})
 
 
 @pytest.fixture

@@ -97,6 +97,15 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any], float]] = {
         },
         400.0,
     ),
+    # SNES keeps its natural rates (eta_mu = 1, eta_sigma from d): slow on the isotropic sphere
+    # at d = 200 (s adapts slowly), strong on separable ill-conditioning (tests/test_snes.py)
+    ("sphere", "snes"): (10_000, {"population": 20, "sigma": 1.0}, 8.0),
+    ("rosenbrock", "snes"): (20_000, {"population": 20, "sigma": 0.5}, 260.0),
+    ("rastrigin", "snes"): (
+        20_000,
+        {"population": 100, "sigma": cosine(2.0, 0.05, 200)},  # s adapts on top of the decay
+        450.0,
+    ),
     ("rastrigin", "esopt"): (
         20_000,
         {
