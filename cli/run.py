@@ -93,8 +93,14 @@ def _fill(template: str, config: RunConfig, stamp: str) -> str:
             allowed = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
             raise CLIError(f"output.dir: unknown placeholder {{{name}}} (allowed: {allowed})")
     problem = str(config.problem.get("name") or config.problem["kind"])
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in problem)
-    return template.format(strategy=config.strategy, problem=safe, seed=config.seed, time=stamp)
+    return template.format(
+        strategy=_safe(config.strategy), problem=_safe(problem), seed=config.seed, time=stamp
+    )
+
+
+def _safe(name: str) -> str:
+    """``name`` as a path component: ``ng:NGOpt`` -> ``ng_NGOpt``."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def _is_run_dir(path: Path) -> bool:

@@ -7,12 +7,13 @@ NGOpt, built on demand, since nevergrad holds hundreds of names.
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
 from esbox.defaults import black_box_defaults
-from esbox.errors import ConfigError, unknown_key_message
+from esbox.errors import ConfigError, ConfigWarning, unknown_key_message
 from esbox.space import VectorSpace
 from esbox.strategy import Strategy
 
@@ -57,8 +58,18 @@ def _discover() -> None:
     _discovered = True
     importlib.import_module("esbox.strategies")
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        register(ep.name)(cls)
+        where = f"the {ENTRY_POINT_GROUP} entry point {ep.name!r} ({ep.value}"
+        where += f", package {ep.dist.name})" if ep.dist is not None else ")"
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken plugin must not take the other strategies down
+            problem = f"failed to import ({type(exc).__name__}: {exc})"
+        else:
+            if isinstance(cls, type) and issubclass(cls, Strategy):
+                register(ep.name)(cls)
+                continue
+            problem = f"is not a Strategy subclass ({cls!r})"
+        warnings.warn(f"{where} {problem}: skipped; fix or uninstall it", ConfigWarning, 2)
 
 
 def available_strategies() -> dict[str, type[Strategy]]:

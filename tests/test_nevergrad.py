@@ -261,29 +261,22 @@ def test_esbox_strategies_lists_the_family_and_shows_one() -> None:
     assert len(importlib.import_module("esbox.strategies.nevergrad").optimizer_names()) > 100
 
 
-RASTRIGIN = [
-    "--set",
-    "problem.dimension=10",
-    "--set",
-    "budget.max_evaluations=600",
-    "--set",
-    "checkpoint.every=4",
-    "--set",
-    "seed=2",
-]
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rastrigin-copes.yaml"
 
 
-def test_cli_runs_ng_and_resumes_after_ctrl_c_bit_identically(tmp_path: Path) -> None:
-    from esbox.cli.run import execute, prepare, resolve_config, write_config
-    from esbox.runconfig import apply_overrides
+def test_cli_runs_the_rastrigin_example_with_ngopt_and_resumes_bit_identically(
+    tmp_path: Path,
+) -> None:
+    """`esbox optimize --config examples/rastrigin-copes.yaml --strategy ng:NGOpt` (20 steps of
+    64 on d=100), Ctrl-C after 9 steps, `esbox resume`: the same files as the straight run."""
+    from esbox.cli.run import execute, prepare, read_config, resolve_config, write_config
 
     straight = tmp_path / "straight"
-    output = run_cli(
-        "optimize", "-q", "--strategy", "ng:DiagonalCMA", *RASTRIGIN, "--out", str(straight)
-    )
-    assert "ng:DiagonalCMA on rastrigin(d=10)" in output
-    overrides = ["strategy=ng:DiagonalCMA", *RASTRIGIN[1::2]]
-    config = resolve_config(apply_overrides({}, overrides))
+    budget = ["--set", "budget.max_evaluations=1280"]
+    output = run_cli("optimize", "--config", str(EXAMPLE), "--strategy", "ng:NGOpt", *budget,
+                     "--out", str(straight))  # fmt: skip
+    assert "ng:NGOpt on rastrigin(d=100)" in output and "drops" in output  # CoPES's subspaces
+    config = resolve_config(read_config(straight))  # the same run, as its config.yaml says
     session = prepare(config)
     apply, calls = session.problem.space.apply, []
 
@@ -304,7 +297,8 @@ def test_cli_runs_ng_and_resumes_after_ctrl_c_bit_identically(tmp_path: Path) ->
     rows = [read_metrics(run / "metrics.jsonl") for run in (out, straight)]
     for row in (*rows[0], *rows[1]):
         row.pop("wall_seconds")
-    assert rows[0] == rows[1]
+    assert rows[0] == rows[1] and len(rows[0]) == 20
+    assert rows[0][-1]["best_value"] < rows[0][0]["best_value"]
 
 
 # == esbox inside nevergrad ======================================================================

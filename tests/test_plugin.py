@@ -1,8 +1,11 @@
-"""A third-party strategy as a real package: examples/plugin is built into a wheel (no network),
-installed into a throw-away target, and found through the ``esbox.strategies`` entry point.
+"""A third-party strategy as a real package: examples/plugin is built into a wheel (no network)
+and pip-installed into a fresh virtual environment, where esbox finds it through the
+``esbox.strategies`` entry point.
 
-Everything that needs the plugin runs in a subprocess with the target on PYTHONPATH, so this
-test environment (and its registry) is never changed.
+The venv sees this environment's packages (esbox, its dependencies, pytest) through a ``.pth``
+file, as ``--system-site-packages`` would, so nothing is downloaded; the plugin itself lands in
+the venv. Everything that needs the plugin runs with the venv's python, so this test
+environment (and its registry) is never changed.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -24,8 +29,8 @@ PLUGIN = ROOT / "examples" / "plugin"
 NAME = "ars"
 
 
-def pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", *args, "--quiet"], check=True)
+def pip(python: str | Path, *args: str) -> None:
+    subprocess.run([str(python), "-m", "pip", *args, "--quiet"], check=True)
 
 
 @pytest.fixture(scope="module")
@@ -34,28 +39,44 @@ def wheel(tmp_path_factory) -> Path:
     source = tmp_path_factory.mktemp("src") / "plugin"
     shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     dist = tmp_path_factory.mktemp("dist")
-    pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(dist), str(source))
+    pip(
+        sys.executable,
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-w",
+        str(dist),
+        str(source),
+    )
     (built,) = dist.glob("esbox_ars-*.whl")
     return built
 
 
 @pytest.fixture(scope="module")
-def env(wheel: Path, tmp_path_factory) -> dict[str, str]:
-    """The environment of a process that has the plugin installed (in a temporary target)."""
-    target = tmp_path_factory.mktemp("site")
-    pip("install", "--no-deps", "--no-index", "--target", str(target), str(wheel))
-    paths = [str(target), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+def python(wheel: Path, tmp_path_factory) -> Path:
+    """The interpreter of a fresh venv into which pip installed the wheel (with no index: the
+    plugin's dependency on esbox is met by this environment's esbox)."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True)
+    ours = dict.fromkeys([*site.getsitepackages(), sysconfig.get_paths()["purelib"]])
+    lines = [f"import site; site.addsitedir({path!r})\n" for path in ours]
+    (Path(purelib.stdout.strip()) / "_outer_site.pth").write_text("".join(lines))
+    pip(python, "install", "--no-index", "--no-build-isolation", str(wheel))
+    return python
 
 
-def run(env: dict[str, str], *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run(python: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600
+        [str(python), *args], cwd=cwd, capture_output=True, text=True, timeout=600
     )
 
 
-def esbox(env: dict[str, str], *args: str, cwd: Path = ROOT) -> str:
-    result = run(env, "-m", "esbox.cli.main", *args, cwd=cwd)
+def esbox(python: Path, *args: str, cwd: Path = ROOT) -> str:
+    result = run(python, "-m", "esbox.cli.main", *args, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
@@ -68,27 +89,30 @@ def test_the_wheel_holds_the_module_and_the_entry_point(wheel: Path) -> None:
     assert "[esbox.strategies]" in text and "ars = esbox_ars:ARS" in text
 
 
-def test_this_process_is_untouched() -> None:
+def test_pip_installed_it_into_the_venv_only(python: Path) -> None:
     import esbox
 
-    assert NAME not in esbox.available_strategies()  # installed only for the subprocesses
+    assert NAME not in esbox.available_strategies()  # this process's registry is untouched
+    where = "import esbox_ars, sys; print(sys.prefix); print(esbox_ars.__file__)"
+    prefix, module = run(python, "-c", where).stdout.split()
+    assert Path(prefix) == python.parents[1] and Path(module).is_relative_to(prefix)
 
 
-def test_esbox_strategies_lists_and_shows_it(env) -> None:
-    listing = esbox(env, "strategies")
+def test_esbox_strategies_lists_and_shows_it(python) -> None:
+    listing = esbox(python, "strategies")
     assert re.search(rf"^{NAME}\s+ARS \(V1-t\)", listing, re.MULTILINE), listing
     assert "top_directions=0" in listing
-    shown = esbox(env, "strategies", NAME)
+    shown = esbox(python, "strategies", NAME)
     assert "Mania, Guy & Recht 2018" in shown  # the module docstring names the paper
     assert "top_directions" in shown and "directions b kept per step" in shown
 
 
-def test_optimize_runs_it_and_resume_is_bit_identical(env, tmp_path: Path) -> None:
+def test_optimize_runs_it_and_resume_is_bit_identical(python, tmp_path: Path) -> None:
     common = ["optimize", "-q", "--strategy", NAME, "--set", "problem.dimension=20"]
     common += ["--set", "options.top_directions=4", "--set", "checkpoint.every=3"]
-    esbox(env, *common, "--set", "budget.max_steps=12", "--out", str(tmp_path / "straight"))
-    esbox(env, *common, "--set", "budget.max_steps=6", "--out", str(tmp_path / "split"))
-    resumed = esbox(env, "resume", "-q", str(tmp_path / "split"), "--set", "budget.max_steps=12")
+    esbox(python, *common, "--set", "budget.max_steps=12", "--out", str(tmp_path / "straight"))
+    esbox(python, *common, "--set", "budget.max_steps=6", "--out", str(tmp_path / "split"))
+    resumed = esbox(python, "resume", "-q", str(tmp_path / "split"), "--set", "budget.max_steps=12")
     assert f"{NAME} on rastrigin(d=20)" in resumed
     straight, split = tmp_path / "straight", tmp_path / "split"
     for name in ("final.npy", "best.npy"):
@@ -104,11 +128,11 @@ def test_optimize_runs_it_and_resume_is_bit_identical(env, tmp_path: Path) -> No
     assert summary["best_value"] == reference["best_value"]
 
 
-def test_the_registry_wide_contract_runs_on_it_unchanged(env) -> None:
+def test_the_registry_wide_contract_runs_on_it_unchanged(python) -> None:
     """esbox's own contract modules, run as they are with the plugin installed: every test
     parametrized over the registry has an ``ars`` case, and every case passes."""
     modules = ["tests/test_strategies.py", "tests/test_loop.py"]
-    result = run(env, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *modules)
+    result = run(python, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *modules)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     passed = set(re.findall(r"^PASSED (\S+)", result.stdout, re.MULTILINE))
     builtin = {test for test in passed if re.search(r"[\[-]openai_es[\]-]", test)}
@@ -118,9 +142,9 @@ def test_the_registry_wide_contract_runs_on_it_unchanged(env) -> None:
         assert twin in passed, f"{twin} did not run or did not pass"
 
 
-def test_the_plugin_passes_its_own_tests(env, tmp_path: Path) -> None:
+def test_the_plugin_passes_its_own_tests(python, tmp_path: Path) -> None:
     tests = tmp_path / "tests"
     shutil.copytree(PLUGIN / "tests", tests)
-    result = run(env, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests), cwd=tmp_path)
+    result = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert re.search(r"\b5 passed\b", result.stdout), result.stdout

@@ -12,7 +12,7 @@ import pytest
 import esbox
 from esbox import registry
 from esbox.config import describe_options
-from esbox.errors import ConfigError, ResumeError
+from esbox.errors import ConfigError, ConfigWarning, ResumeError
 from esbox.shaping import SHAPINGS, shape
 from esbox.space import VectorSpace
 from esbox.specs import OptimizerSpec, Perturbation, Term, Update
@@ -323,21 +323,40 @@ def test_entry_point_plugins_are_discovered(monkeypatch: pytest.MonkeyPatch) -> 
     class Plugin(esbox.get_strategy("openai_es")):
         """A plugin strategy."""
 
-    class FakeEntryPoint:
-        name = "plugin_es"
+    _fake_plugins(monkeypatch, [FakeEntryPoint("plugin_es", lambda: Plugin)])
+    assert esbox.available_strategies()["plugin_es"] is Plugin
+    assert esbox.make_strategy("plugin_es", 4).name == "plugin_es"
 
-        @staticmethod
-        def load():
-            return Plugin
 
+class FakeEntryPoint:
+    """What ``importlib.metadata.entry_points`` yields, with ``load`` given."""
+
+    def __init__(self, name: str, load) -> None:
+        self.name, self.value, self.dist, self.load = name, f"fake_{name}:Strategy", None, load
+
+
+def _fake_plugins(monkeypatch: pytest.MonkeyPatch, plugins: list[FakeEntryPoint]) -> None:
     def fake_entry_points(group: str):
-        return [FakeEntryPoint()] if group == registry.ENTRY_POINT_GROUP else []
+        return plugins if group == registry.ENTRY_POINT_GROUP else []
 
     monkeypatch.setattr(registry, "entry_points", fake_entry_points)
     monkeypatch.setattr(registry, "_discovered", False)
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    assert esbox.available_strategies()["plugin_es"] is Plugin
-    assert esbox.make_strategy("plugin_es", 4).name == "plugin_es"
+
+
+def test_a_broken_plugin_is_named_and_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken():
+        raise ModuleNotFoundError("No module named 'fake_broken'")
+
+    _fake_plugins(
+        monkeypatch, [FakeEntryPoint("broken", broken), FakeEntryPoint("odd", lambda: print)]
+    )
+    with pytest.warns(ConfigWarning) as caught:
+        names = esbox.available_strategies()
+    messages = [str(w.message) for w in caught]
+    assert any("'broken'" in m and "No module named 'fake_broken'" in m for m in messages)
+    assert any("'odd'" in m and "not a Strategy subclass" in m for m in messages)
+    assert "broken" not in names and "odd" not in names and "copes" in names
 
 
 # == OpenAI-ES =====================================================================================

@@ -14,9 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from esbox.errors import ConfigError, unknown_key_message
+from esbox.errors import ConfigError, close_match_hint, unknown_key_message
 
 from .base import read_rows
+
+SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+# datasets' builders of local files: a name close to one of them is a typo, not a hub dataset
+BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas")
 
 # The fields each row-task format reads, and the option naming the column of each.
 FIELDS: dict[str, dict[str, str]] = {
@@ -44,10 +48,21 @@ def read_source(
     """The rows of a local file or of a dataset saved with ``save_to_disk`` (its ``split``)."""
     p = Path(path).expanduser()
     if p.is_dir():
-        saved = require_datasets().load_from_disk(str(p))
+        try:
+            saved = require_datasets().load_from_disk(str(p))
+        except FileNotFoundError:
+            raise ConfigError(
+                f"task data {p} is a directory but not a dataset saved with datasets' "
+                f"save_to_disk; give a {'/'.join(SUFFIXES)} file or such a directory"
+            ) from None
         return dataset_rows(saved, split, str(p), limit)
     if not p.is_file():
         raise ConfigError(f"task data {p} does not exist")
+    if p.suffix.lower() not in SUFFIXES:
+        raise ConfigError(
+            f"task data {p}: unknown file type '{p.suffix}' (allowed: {', '.join(SUFFIXES)}, "
+            f"or a directory saved with datasets' save_to_disk)"
+        )
     if p.suffix.lower() == ".csv":
         with p.open(newline="", encoding="utf-8") as handle:
             rows = list(csv.DictReader(handle))
@@ -61,10 +76,22 @@ def load_dataset(
     """``datasets.load_dataset(name, config, data_files=...)``: all its splits.
 
     With a builder name (``json``, ``csv``, ``parquet``) and local ``data_files`` nothing is
-    downloaded; a hub name needs network or a local cache.
+    downloaded; a hub name needs network or a local cache. A name that is neither, or data
+    files that are not there, is a ConfigError naming the key.
     """
     datasets = require_datasets()
-    return datasets.load_dataset(name, config, data_files=data_files, cache_dir=cache_dir)
+    if "/" not in name and name not in BUILDERS and not Path(name).exists():
+        hint = close_match_hint(name, BUILDERS)
+        if hint:  # a misspelt builder: say so before datasets spends half a minute on the hub
+            raise ConfigError(f"task name '{name}' is not a datasets builder{hint}")
+    try:
+        return datasets.load_dataset(name, config, data_files=data_files, cache_dir=cache_dir)
+    except (FileNotFoundError, ConnectionError) as exc:
+        raise ConfigError(
+            f"task name '{name}' (data_files {data_files!r:.200}) could not be loaded: {exc}. "
+            f"name is a builder of local data_files ({', '.join(BUILDERS)}), a local "
+            f"directory or a hub dataset in the local cache"
+        ) from None
 
 
 def dataset_rows(loaded: Any, split: str, where: str, limit: int | None) -> list[dict[str, Any]]:
