@@ -19,6 +19,7 @@ SUITES: dict[str, str] = {
     "overhead": "benchmarks.overhead",
     "quality": "benchmarks.quality",
     "copes": "benchmarks.copes",
+    "scale": "benchmarks.scale",
 }
 
 

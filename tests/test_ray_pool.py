@@ -145,6 +145,18 @@ def test_pool_run_is_bit_identical_to_one_process(pool: RayPool, strategy: str) 
     assert all(math.isfinite(b) for b in bests)  # both actors did score members
 
 
+def test_a_step_sends_specs_not_parameters(ray_session) -> None:
+    big = VectorReplica(ROSENBROCK, np.zeros(100_000))  # one copy of x: 800 kB
+    with RayPool(big, 2, actor_options=HALF_CPU, local_replica=False) as pool:
+        before = pool.traffic
+        run(pool.space, pool, "openai_es", steps=3)
+        after = pool.traffic
+    calls = (after.calls - before.calls) / 3
+    assert calls >= 2 + 2  # at least a chunk of members and an update for each actor
+    assert 0 < (after.sent - before.sent) / 3 < 400 * calls  # specs: a few hundred bytes a call
+    assert after.received > before.received
+
+
 def test_a_replica_that_drifts_is_caught_and_a_reload_resyncs_it(pool: RayPool) -> None:
     stray = Update(run_seed=0, step=0, terms=(Term(seed=5, coefficient=1.0),), learning_rate=0.1)
     ray.get(pool.actors[1].apply.remote(stray.to_dict()))

@@ -123,6 +123,13 @@ class Uneven:
         return VectorSpace(X0), FunctionEvaluator(sleepy)
 
 
+class Holder:
+    """An actor that only holds resources."""
+
+    def ready(self) -> bool:
+        return True
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     module = sys.modules.get(__name__)
@@ -205,6 +212,25 @@ def test_when_retries_run_out_the_error_names_the_actor_and_the_step_and_resume_
         assert resumed.strategy.step == FAULT_STEP
         resumed.run()
         same_run(resumed, pool, reference)
+
+
+def test_a_replacement_that_finds_no_room_stops_the_step_naming_the_resources(
+    ray_session,
+) -> None:
+    replica = VectorReplica(objective, X0)
+    with RayPool(replica, 2, actor_options=HALF_CPU, local_replica=False) as pool:
+        pool.start_timeout = 3  # for the replacement
+        os.kill(ray.get(pool.actors[1].describe.remote())["pid"], signal.SIGKILL)
+        holder = ray.remote(num_cpus=1.5)(Holder).remote()  # takes what the dead actor freed
+        try:
+            assert ray.get(holder.ready.remote(), timeout=60)
+            es = esbox.make_strategy("openai_es", pool.space, seed=5, **OPTIONS)
+            waited = r"actor 1 of 2 \(pid .*\) was not ready within 3 s of being replaced in step 0"
+            asks = r"\(it asks for .*num_cpus.*; free: .*\); the last checkpoint is intact"
+            with pytest.raises(PoolError, match=rf"{waited} {asks}"):
+                pool.evaluate(pool.space, es.ask())
+        finally:
+            ray.kill(holder)
 
 
 def test_a_slow_actor_takes_fewer_members_and_the_result_is_unchanged(

@@ -2,7 +2,7 @@
 out, and Ray itself for a run (started or joined); may import the core only (a replica's
 factory brings any model or task itself)."""
 
-from .actors import Replacement
+from .actors import Replacement, Traffic
 from .balance import work_units
 from .cluster import check_address, ray_session
 from .errors import PoolError
@@ -15,6 +15,7 @@ __all__ = [
     "PoolSpace",
     "RayPool",
     "Replacement",
+    "Traffic",
     "VectorReplica",
     "VerifyReplicas",
     "check_address",

