@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,3 +102,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _ESCAPES:
         contained = sum(_ESCAPES.values())
         terminalreporter.write_line(f"sandbox escapes contained: {contained}/{len(_ESCAPES)}")
+
+
+@pytest.fixture(scope="module")
+def ray_session(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A private 2-CPU Ray for one test module; the workers cannot import the test module, so
+    its functions travel to them by value."""
+    ray = pytest.importorskip("ray")
+    module = sys.modules.get(request.module.__name__)
+    if module is not None:
+        ray.cloudpickle.register_pickle_by_value(module)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+    if module is not None:
+        ray.cloudpickle.unregister_pickle_by_value(module)

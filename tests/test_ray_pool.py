@@ -10,7 +10,6 @@ import itertools
 import math
 import os
 import signal
-import sys
 
 import numpy as np
 import pytest
@@ -53,18 +52,6 @@ def fussy(x: np.ndarray) -> float:
 # reflect_antithetic: a twin split from its partner would be drawn, not reflected, and the
 # trajectory would then differ from one process's in the last bits
 REPLICA = VectorReplica(fussy, X0, reflect_antithetic=True)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    module = sys.modules.get(__name__)
-    if module is not None:  # workers cannot import the test module: ship its functions
-        ray.cloudpickle.register_pickle_by_value(module)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-    if module is not None:
-        ray.cloudpickle.unregister_pickle_by_value(module)
 
 
 @pytest.fixture(scope="module")

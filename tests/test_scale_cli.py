@@ -135,13 +135,6 @@ def test_a_dry_run_starts_no_ray(monkeypatch) -> None:
 
 # -- runs ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def single(tmp_path_factory) -> Path:
     """The Rastrigin run in one process."""
     out = tmp_path_factory.mktemp("single") / "run"

@@ -12,7 +12,6 @@ import hashlib
 import os
 import re
 import signal
-import sys
 import time
 from dataclasses import dataclass
 
@@ -128,18 +127,6 @@ class Holder:
 
     def ready(self) -> bool:
         return True
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    module = sys.modules.get(__name__)
-    if module is not None:  # workers cannot import the test module: ship its functions
-        ray.cloudpickle.register_pickle_by_value(module)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-    if module is not None:
-        ray.cloudpickle.unregister_pickle_by_value(module)
 
 
 def run(space, evaluator, steps: int = STEPS, **runner_options) -> Runner:
