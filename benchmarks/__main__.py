@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "quality": "benchmarks.quality",
     "copes": "benchmarks.copes",
     "scale": "benchmarks.scale",
+    "lowrank": "benchmarks.lowrank",
 }
 
 

@@ -16,6 +16,7 @@ import torch
 
 from esbox.chunks import Chunk, chunk_layout
 from esbox.explicit import ExplicitSpecs
+from esbox.lowrank import refuse_low_rank
 from esbox.noise import (
     DEFAULT_TABLE_SIZE,
     NOISE_MODES,
@@ -167,6 +168,7 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
         buffer; None without subspaces), both read-only. Kept apart so a write can fuse the
         masking."""
         p = perturbation
+        refuse_low_rank(p.rank)
         pairs = [(c, p.seed) for c in self.chunks]
         stream = self._member_noise(p.run_seed, p.step, pairs)
         for position, (chunk, eps) in enumerate(zip(self.chunks, stream, strict=True)):
@@ -278,6 +280,7 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
             raise RuntimeError("cannot apply an update while the space is perturbed")
         if update.shift is not None:
             return self._shift(update.shift)
+        refuse_low_rank(update.rank)
         validate_optimizer(update.optimizer)
         self._optimizer.begin()
         groups = update.subspace_groups()

@@ -20,7 +20,9 @@ class Perturbation:
     ``(run_seed, step, seed, tensor, chunk)`` and ``mask_k`` selects subspace ``subspace`` of
     the ``num_subspaces``-way random partition of step ``step`` (no mask when
     ``num_subspaces == 1``). A ``diagonal`` member's noise is also scaled per coordinate by
-    the space's scales s (``scale * s * mask_k * eps``: SNES's diagonal sigma).
+    the space's scales s (``scale * s * mask_k * eps``: SNES's diagonal sigma). With
+    ``rank = r > 0`` the noise of each weight matrix is low-rank, ``A B^T / sqrt(r)``
+    (``esbox.lowrank``; realised by model spaces, vectors stay frozen).
     """
 
     run_seed: int
@@ -32,6 +34,7 @@ class Perturbation:
     context: int | None = None
     values: tuple[float, ...] | None = None
     diagonal: bool = False
+    rank: int = 0
 
     def __post_init__(self) -> None:
         _tuple_of_floats(self, "values")
@@ -53,14 +56,24 @@ class Perturbation:
                 self.seed,
                 self.subspace,
                 self.num_subspaces,
+                self.rank,
             )
-            == (other.run_seed, other.step, other.seed, other.subspace, other.num_subspaces)
+            == (
+                other.run_seed,
+                other.step,
+                other.seed,
+                other.subspace,
+                other.num_subspaces,
+                other.rank,
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
         data = _without_none(asdict(self), "values")
         if not self.diagonal:  # seed specs keep their wire format
             del data["diagonal"]
+        if not self.rank:
+            del data["rank"]
         return data
 
 
@@ -95,7 +108,7 @@ class Update:
     update carries its step instead: ``theta <- theta + shift`` (no terms; the learning rate
     and optimizer are not used). A ``diagonal`` update scales its direction per coordinate by
     the space's scales s, then moves them: ``s <- s exp(sum_j c_j (eps_j^2 - 1))`` over its
-    ``scale_terms`` (SNES).
+    ``scale_terms`` (SNES). A ``rank > 0`` update replays low-rank noise (``esbox.lowrank``).
     """
 
     run_seed: int
@@ -106,6 +119,7 @@ class Update:
     shift: tuple[float, ...] | None = None
     diagonal: bool = False
     scale_terms: tuple[Term, ...] = ()
+    rank: int = 0
 
     def __post_init__(self) -> None:
         _tuple_of_floats(self, "shift")
@@ -116,6 +130,8 @@ class Update:
         data = _without_none(asdict(self), "shift")
         if not self.diagonal and not self.scale_terms:  # seed specs keep their wire format
             del data["diagonal"], data["scale_terms"]
+        if not self.rank:
+            del data["rank"]
         return data
 
     @classmethod
@@ -129,6 +145,7 @@ class Update:
             shift=data.get("shift"),
             diagonal=data.get("diagonal", False),
             scale_terms=tuple(Term(**t) for t in data.get("scale_terms", ())),
+            rank=data.get("rank", 0),
         )
 
     def subspace_groups(self) -> list[list[Term]]:

@@ -17,6 +17,7 @@ import numpy as np
 from esbox.adaptation import ADAPTIVE_FORM, SigmaAdaptation, SuccessRule, is_adaptive
 from esbox.config import build_options, option
 from esbox.errors import ConfigError, ResumeError, check_reward_values
+from esbox.lowrank import spec_rank
 from esbox.optimizers import OPTIMIZERS
 from esbox.schedules import (
     SCHEDULE_FORM,
@@ -136,7 +137,16 @@ class Strategy(ABC):
         context: int | None = None,
     ) -> Perturbation:
         """A perturbation spec of this step."""
-        return Perturbation(self.seed, self.step, seed, scale, subspace, num_subspaces, context)
+        return Perturbation(
+            self.seed,
+            self.step,
+            seed,
+            scale,
+            subspace,
+            num_subspaces,
+            context,
+            rank=spec_rank(self.options),
+        )
 
     def current_sigma(self) -> float:
         """Sigma of this step: the adapted value, or the schedule's at this step."""
@@ -175,6 +185,7 @@ class Strategy(ABC):
             tuple(self._terms(perturbations, shaped)),
             self.current_learning_rate(),
             self.optimizer,
+            rank=spec_rank(self.options),
         )
         finite = raw[np.isfinite(raw)]
         if finite.size and finite.max() > self.best_reward:
@@ -227,6 +238,7 @@ class Strategy(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict``; refuses one written by another strategy or configuration."""
         mine = self.state_dict()
+        state = {**state, "options": {**self._added_option_defaults(state), **state["options"]}}
         for key in ("name", "seed", "dimension", "options"):
             if state[key] != mine[key]:
                 raise ResumeError(
@@ -242,6 +254,15 @@ class Strategy(ABC):
         self._load_extra_state(state["extra"])
         if self.sigma_adaptation is not None:
             self.sigma_adaptation.load_state_dict(state["sigma_adaptation"])
+
+    def _added_option_defaults(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Defaults of the options added since ``state`` was written (an older checkpoint
+        lacks them; it ran with what they default to)."""
+        return {
+            f.name: f.default
+            for f in dataclasses.fields(self.Options)
+            if f.name not in state["options"] and f.default is not dataclasses.MISSING
+        }
 
     def peek_seeds(self, count: int = 4) -> list[int]:
         """The next ``count`` seeds of the stream, without consuming them (resume check)."""

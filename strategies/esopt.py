@@ -7,6 +7,8 @@ sigma follows sigma_t = sigma_min + (sigma_0 - sigma_min)(1 + cos(pi t / T)) / 2
 With ``contexts`` (e.g. skill texts), members are spread round-robin over a context population
 evaluated jointly with the parameter perturbations; rewards are standardized within each
 context for the parameter update, and each context keeps an online score of its mean reward.
+``perturbation: lowrank`` draws eps_i = A_i B_i^T / sqrt(rank) on every weight matrix
+(``esbox.lowrank``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from esbox.config import option
 from esbox.errors import ConfigError
+from esbox.lowrank import LowRankOptions
 from esbox.registry import register
 from esbox.schedules import Cosine, ScheduleLike
 from esbox.shaping import SHAPINGS, shape
@@ -36,7 +39,7 @@ class ESOpt(Strategy):
     adaptive_rate_power = 1  # no 1/sigma in the update: lr follows sigma_t / sigma_0
 
     @dataclass
-    class Options(StrategyOptions):
+    class Options(LowRankOptions, StrategyOptions):
         sigma: ScheduleLike = option(
             0.02,
             "sigma_0 (a number gets the cosine decay), a schedule or adaptive",

@@ -2,6 +2,8 @@
 
 eps_i ~ N(0, I), antithetic pairs by default, r_i = F(theta + sigma eps_i), shaped rewards,
 g = sum_i r_i eps_i / (N sigma), theta <- theta + alpha g (SGD, or Adam / weight decay).
+``perturbation: lowrank`` draws eps_i = A_i B_i^T / sqrt(rank) on every weight matrix instead
+(``esbox.lowrank``): the same estimate, members evaluated in one batched forward.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 
 from esbox.config import option
 from esbox.errors import ConfigError
+from esbox.lowrank import LowRankOptions
 from esbox.registry import register
 from esbox.specs import Perturbation, Term
 from esbox.strategy import Strategy, StrategyOptions, gradient_terms, nearest_multiples
@@ -25,7 +28,7 @@ class OpenAIES(Strategy):
     description = "OpenAI-ES: antithetic Gaussian search, canonical gradient estimate"
 
     @dataclass
-    class Options(StrategyOptions):
+    class Options(LowRankOptions, StrategyOptions):
         antithetic: bool = option(True, "evaluate +eps and -eps pairs (needs an even group size)")
 
     @classmethod

@@ -660,3 +660,15 @@ def test_esopt_standardizes_within_each_context() -> None:
     groups = np.array([p.context for p in members])
     for c in (0, 1):
         np.testing.assert_allclose(shaped[groups == c], shape(rewards[groups == c], "zscore"))
+
+
+def test_a_checkpoint_from_before_an_option_existed_resumes_with_its_default() -> None:
+    es = esbox.make_strategy("openai_es", 12, seed=3, population=8)
+    es.ask()
+    state = json.loads(json.dumps(es.state_dict()))
+    del state["options"]["rank"], state["options"]["perturbation"]  # written by an older esbox
+    resumed = esbox.make_strategy("openai_es", 12, seed=3, population=8)
+    resumed.load_state_dict(state)
+    assert resumed.ask() == es.ask()
+    with pytest.raises(ResumeError, match="options"):  # a non-default value is still refused
+        esbox.make_strategy("openai_es", 12, seed=3, population=8, rank=8).load_state_dict(state)

@@ -30,6 +30,12 @@ class HFBackend(TemplatedPrompts):
       padding masked. The cache lives for one call only.
     * Sampling with ``seed`` forks the torch RNG, so the global RNG is untouched;
       sampled outputs depend on the batch composition, greedy ones do not.
+    * ``generate(..., groups=N)`` keeps the prompts as ``N`` equal, contiguous groups whose
+      forwards differ (a low-rank population's members, told apart by position through
+      ``esbox.adapters.models.batched``): all rows go in one call, member-major, and the
+      shared prefix runs once per group.
+    * ``ignore_eos=True`` generates ``max_new_tokens`` for every row, EOS suppressed
+      (fixed-work benchmarks).
     """
 
     def __init__(
@@ -41,6 +47,7 @@ class HFBackend(TemplatedPrompts):
         share_prefix: bool = True,
         min_shared_prefix: int = 4,
         chat_template: str | None = None,
+        ignore_eos: bool = False,
     ) -> None:
         require_transformers()
         self.model = model
@@ -53,6 +60,7 @@ class HFBackend(TemplatedPrompts):
         self._eos_ids = self._collect_eos_ids()
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else (min(self._eos_ids) if self._eos_ids else 0)
+        self.ignore_eos = ignore_eos
 
     def _collect_eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -76,8 +84,10 @@ class HFBackend(TemplatedPrompts):
         seed: int | None = None,
         stop: Sequence[str] | None = None,
         num_samples: int = 1,
+        groups: int = 1,
     ) -> list[str]:
-        """Complete every prompt; see :class:`GenerationBackend` for the output layout."""
+        """Complete every prompt; see :class:`GenerationBackend` for the output layout and the
+        class docstring for ``groups``."""
         import torch
 
         if isinstance(prompts, str):
@@ -86,13 +96,15 @@ class HFBackend(TemplatedPrompts):
             raise ValueError(f"{len(prefills)} prefills for {len(prompts)} prompts")
         if num_samples < 1 or max_new_tokens < 1:
             raise ValueError("num_samples and max_new_tokens must be >= 1")
+        if groups < 1 or len(prompts) % groups:
+            raise ValueError(f"{len(prompts)} prompts do not split into {groups} equal groups")
         start = time.perf_counter()
         pre = list(prefills) if prefills is not None else [None] * len(prompts)
         encoded = [self.encode(p, f) for p, f in zip(prompts, pre, strict=True)]
         # Greedy samples are identical: decode once per prompt and repeat.
         reps = 1 if greedy else num_samples
         rows = [ids for ids in encoded for _ in range(reps)]
-        size = self.batch_size or len(rows) or 1
+        size = (self.batch_size if groups == 1 else None) or len(rows) or 1
         texts: list[str] = []
         new_tokens = 0
         with contextlib.ExitStack() as stack:
@@ -102,7 +114,7 @@ class HFBackend(TemplatedPrompts):
                 torch.manual_seed(seed)
             for i in range(0, len(rows), size):
                 out, n = self._generate_batch(
-                    rows[i : i + size], max_new_tokens, greedy, temperature, top_p, stop
+                    rows[i : i + size], max_new_tokens, greedy, temperature, top_p, stop, groups
                 )
                 texts.extend(out)
                 new_tokens += n
@@ -136,6 +148,7 @@ class HFBackend(TemplatedPrompts):
         temperature: float,
         top_p: float,
         stop: Sequence[str] | None,
+        groups: int = 1,
     ) -> tuple[list[str], int]:
         import torch
 
@@ -158,12 +171,14 @@ class HFBackend(TemplatedPrompts):
         ids, mask = ids.to(device), mask.to(device)
         kwargs: dict[str, Any] = {}
         if shared:
-            prefix_out = self.model(input_ids=ids[:1, :shared], use_cache=True)
+            # one prefix row per group (its forward may differ), repeated over the group's rows
+            prefix = ids[:1, :shared].repeat(groups, 1)
+            prefix_out = self.model(input_ids=prefix, use_cache=True)
             # Recent transformers call the KV cache `cache`; older releases (to 5.19 at least)
             # `past_key_values`. generate() takes it back under the name the model returned.
             name = "cache" if getattr(prefix_out, "cache", None) is not None else "past_key_values"
             cache = prefix_out[name]
-            cache.batch_repeat_interleave(len(rows))
+            cache.batch_repeat_interleave(len(rows) // groups)
             kwargs[name] = cache
         config = transformers.GenerationConfig(
             max_new_tokens=max_new_tokens,
@@ -174,6 +189,7 @@ class HFBackend(TemplatedPrompts):
             num_beams=1,
             pad_token_id=self._pad_id,
             eos_token_id=sorted(self._eos_ids) or None,
+            min_new_tokens=max_new_tokens if self.ignore_eos else None,
         )
         if stop:
             # Our own criterion: HF's stop_strings also match across the prompt/prefill.

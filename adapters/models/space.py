@@ -10,12 +10,16 @@ head) appears once in ``named_parameters`` and is therefore perturbed once.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
+from esbox.chunks import Chunk
 from esbox.noise import DEFAULT_TABLE_SIZE
 from esbox.space import ParameterSpace
+from esbox.specs import Perturbation, Update
+
+from .lowrank import LowRankSpecs
 
 # Smaller than the core's 2**22: the space's scratch is a few chunks (noise buffers, a mask,
 # update accumulators), and at 2**20 it stays near 20 MiB beside a model's weights, while
@@ -48,7 +52,7 @@ def select_parameters(
     return chosen
 
 
-class TorchModuleSpace(ParameterSpace):
+class TorchModuleSpace(LowRankSpecs, ParameterSpace):
     """All (or a name-selected subset of) the parameters of ``module``, perturbed in place.
 
     ``include``/``exclude`` are glob patterns on parameter names, e.g.
@@ -57,6 +61,9 @@ class TorchModuleSpace(ParameterSpace):
     ``noise="table"`` trades independent Gaussian draws for windows of a shared noise table,
     several times cheaper per member on CPU (see ``esbox.noise.NoiseTable``), and
     ``reflect_antithetic`` halves the draws of antithetic pairs (see ``ParameterSpace``).
+    Specs with ``rank > 0`` are realised as low-rank noise on the 2-D weights (vectors frozen;
+    see ``.lowrank``), and ``.batched.LowRankPopulation`` evaluates a whole low-rank
+    population in shared forward passes without writing a weight.
     """
 
     def __init__(
@@ -84,6 +91,7 @@ class TorchModuleSpace(ParameterSpace):
                 )
         self.module = module
         self.names = [name for name, _ in named]
+        self.shapes = [tuple(p.shape) for _, p in named]
         with torch.no_grad():
             super().__init__(
                 [p for _, p in named],
@@ -94,3 +102,21 @@ class TorchModuleSpace(ParameterSpace):
                 table_size=table_size,
                 reflect_antithetic=reflect_antithetic,
             )
+
+    def _write(self, perturbation: Perturbation) -> None:
+        if perturbation.rank:
+            self._write_lowrank(perturbation)
+        else:
+            super()._write(perturbation)
+
+    def noise(self, perturbation: Perturbation) -> Iterator[tuple[Chunk, torch.Tensor]]:
+        """As ``ParameterSpace.noise``; a low-rank member yields ``scale A B^T / sqrt(r)``."""
+        if perturbation.rank:
+            return self._lowrank_noise(perturbation)
+        return super().noise(perturbation)
+
+    def apply(self, update: Update) -> float:
+        """As ``ParameterSpace.apply``; a low-rank update is replayed from its factors."""
+        if update.rank:
+            return self._apply_lowrank(update)
+        return super().apply(update)

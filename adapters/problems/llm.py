@@ -69,6 +69,12 @@ class LLMProblemOptions:
         0, "tokens generated per rollout (0: the task's default)", minimum=0
     )
     greedy: bool = option(True, "greedy decoding (common random numbers across members)")
+    population_rows: int = option(
+        0,
+        "with strategy option perturbation: lowrank, rows per batched generate call (all "
+        "members x some prompts; 0: all N x batch_size rows in one call)",
+        minimum=0,
+    )
     validation_every: int = option(5, "steps between held-out evaluations (0: never)", minimum=0)
     validation_limit: int = option(0, "held-out questions to score (0: all)", minimum=0)
     validation_samples: int = option(
@@ -131,9 +137,10 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     from esbox.adapters.generation.hf import HFBackend
     from esbox.adapters.models.loading import load_model
     from esbox.adapters.models.space import TorchModuleSpace
+    from esbox.adapters.tasks.batched_rollouts import BatchedRolloutEvaluator
     from esbox.adapters.tasks.loading import load_task
     from esbox.adapters.tasks.proposers import ModelContextProposer
-    from esbox.adapters.tasks.rollouts import HeldoutValidation, RolloutEvaluator
+    from esbox.adapters.tasks.rollouts import HeldoutValidation
 
     task = load_task(options.task)  # first: bad task or agent options fail before the model loads
     agent = agent_options(options.agent) if options.agent else None
@@ -166,13 +173,14 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         )  # fmt: skip
         evaluator, checker, start = parts.evaluator, parts.validation, parts.start
     else:
-        evaluator = RolloutEvaluator(
+        evaluator = BatchedRolloutEvaluator(  # full-rank populations: the sweep, as before
             task,
             backend,
             batch_size=options.batch_size,
             seed=seed,
             max_new_tokens=options.max_new_tokens or None,
             greedy=options.greedy,
+            max_rows=options.population_rows,
         )
         checker = HeldoutValidation(task, backend, **validation)
     proposer = None
