@@ -46,7 +46,8 @@ def black_box_defaults(
 ) -> dict[str, Any]:
     """The options ``strategy`` gets on a ``dimension``-d vector for the keys not in ``given``."""
     fields = {f.name: f for f in dataclasses.fields(strategy.Options)}
-    defaults: dict[str, Any] = {}
+    defaults = {k: v for k, v in strategy.vector_defaults(dimension).items() if k not in given}
+    given = {**defaults, **given}
     if "population" in fields and "population" not in given:
         defaults["population"] = default_population(strategy, dimension, given)
     if strategy.adapts_sigma:  # its own sigma and rate are its defaults

@@ -116,6 +116,12 @@ class Strategy(ABC):
         return {}
 
     @classmethod
+    def vector_defaults(cls, dimension: int) -> dict[str, Any]:
+        """The strategy's own black-box defaults on a ``dimension``-d vector (``esbox.defaults``
+        adds population, sigma and learning rate); none here."""
+        return {}
+
+    @classmethod
     def population_multiple(cls, options: dict[str, Any]) -> int:
         """What a population must be a multiple of under ``options`` (for default sizes)."""
         return 1

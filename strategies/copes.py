@@ -12,6 +12,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,12 @@ class CoPES(OpenAIES):
         )
         scale_sigma: bool = option(True, "use sigma_k = sqrt(K) sigma (dimension-aware scale)")
         partition: bool = option(True, "false: standard ES on all coordinates (ablation)")
+
+    @classmethod
+    def vector_defaults(cls, dimension: int) -> dict[str, Any]:
+        """No more subspaces than coordinates: a d < K vector gets K = d."""
+        default = cls.Options.__dataclass_fields__["subspaces"].default
+        return {"subspaces": dimension} if dimension < default else {}
 
     @classmethod
     def population_multiple(cls, options: dict) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -191,3 +192,14 @@ def test_defaults_halve_the_1000d_rastrigin(name: str) -> None:
     x0 = np.full(1000, 2.5)
     result = esbox.optimize(rastrigin, x0, strategy=name, budget=20000, seed=0)
     assert rastrigin(result.x) < rastrigin(x0) / 2  # 26250 at the start
+
+
+def test_copes_on_a_vector_shorter_than_k_gets_one_subspace_a_coordinate() -> None:
+    copes = get_strategy("copes")
+    assert black_box_defaults(copes, 3, {})["subspaces"] == 3
+    assert "subspaces" not in black_box_defaults(copes, 3, {"subspaces": 2})
+    assert "subspaces" not in black_box_defaults(copes, 100, {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "subspaces exceeds the dimension" warning
+        es = esbox.make_strategy("copes", esbox.VectorSpace(np.ones(3)), seed=0)
+    assert es.options.subspaces == 3 and es.options.population % 3 == 0

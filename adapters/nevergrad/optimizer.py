@@ -30,7 +30,8 @@ def population_for(
 ) -> int:
     """The black-box population, raised to a multiple of ``num_workers`` (and of what the
     strategy needs), so that batches of asks fill steps exactly."""
-    unit = strategy.population_multiple(dict(options))
+    options = {**strategy.vector_defaults(dimension), **options}  # e.g. CoPES's K <= d
+    unit = strategy.population_multiple(options)
     unit = unit * num_workers // math.gcd(unit, num_workers)
     wanted = max(default_population(strategy, dimension, options), num_workers)
     return math.ceil(wanted / unit) * unit
