@@ -57,12 +57,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--functions", default=None, help="comma-separated (default sphere,rastrigin,rosenbrock)"
     )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=min(2, os.cpu_count() or 1),
-        help="worker processes, one thread each (default 2)",
-    )
+    measure.add_jobs_option(parser)
     parser.add_argument(
         "--llm",
         action="store_true",

@@ -198,6 +198,34 @@ def add_output_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_method_options(
+    parser: argparse.ArgumentParser, peers: Sequence[str], known: Sequence[str] = ()
+) -> None:
+    """``--strategies`` (esbox's, default every registered one) and ``--peers`` (default
+    ``peers``; ``known`` lists the others a suite can run)."""
+    parser.add_argument(
+        "--strategies",
+        default=None,
+        help="esbox strategies, comma-separated (default: every registered one)",
+    )
+    also = f"; known: {', '.join(known)}" if known else ""
+    parser.add_argument(
+        "--peers",
+        default=",".join(peers),
+        help=f"peers, comma-separated ('' for none; default {','.join(peers)}{also})",
+    )
+
+
+def add_jobs_option(parser: argparse.ArgumentParser) -> None:
+    """``--jobs N``: worker processes for suites that run many independent runs."""
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes, one thread each (default 2)",
+    )
+
+
 def esbox_strategies(text: str | None) -> list[str]:
     """The esbox strategies named in a comma-separated ``--strategies`` value (default: every
     registered one); an unknown name raises ``ValueError`` listing the known ones."""

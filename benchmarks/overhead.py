@@ -81,16 +81,7 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--dims", default=None, help="comma-separated (default 1e3..1e7)")
     parser.add_argument("--populations", default=None, help="comma-separated (default 16,64,256)")
-    parser.add_argument(
-        "--strategies",
-        default=None,
-        help="esbox strategies, comma-separated (default: every registered one)",
-    )
-    parser.add_argument(
-        "--peers",
-        default=",".join(OVERHEAD_PEERS),
-        help=f"comma-separated ('' for none; default {','.join(OVERHEAD_PEERS)})",
-    )
+    measure.add_method_options(parser, OVERHEAD_PEERS)
     parser.add_argument(
         "--timeout",
         type=float,

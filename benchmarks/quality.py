@@ -66,23 +66,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--functions", default=None, help=f"comma-separated, of: {', '.join(functions.PROBLEMS)}"
     )
-    parser.add_argument(
-        "--strategies",
-        default=None,
-        help="esbox strategies, comma-separated (default: every registered one)",
-    )
-    parser.add_argument(
-        "--peers",
-        default=",".join(QUALITY_PEERS),
-        help=f"peers, comma-separated ('' for none; default "
-        f"{','.join(QUALITY_PEERS)}; known: {', '.join(PEERS)})",
-    )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=min(2, os.cpu_count() or 1),
-        help="worker processes, one thread each (default 2)",
-    )
+    measure.add_method_options(parser, QUALITY_PEERS, known=PEERS)
+    measure.add_jobs_option(parser)
     parser.add_argument(
         "--max-seconds",
         type=float,
