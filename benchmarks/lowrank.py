@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--learn-seeds", type=int, default=1, help="seeds per learning run")
     parser.add_argument("--learn-heldout", type=int, default=100, help="held-out questions")
+    measure.add_jobs_option(parser)
     parser.add_argument("--json", help="also write the raw measurements here")
     measure.add_output_option(parser)
     return parser
@@ -119,20 +121,27 @@ def report(cells: Cells, args: argparse.Namespace, populations: list[int]) -> tu
 
 def learning(args: argparse.Namespace) -> tuple[str, Any, dict[str, Any]]:
     """Held-out accuracy of the arithmetic config at equal step seconds, full against low rank."""
-    runs: dict[str, Any] = {}
+    specs = {
+        f"{mode} seed {seed}": {
+            "kind": "learn", "perturbation": mode, "rank": args.rank, "seed": seed,
+            "seconds": args.learn, "every": 3, "heldout": args.learn_heldout,
+            "threads": args.threads, "out": str(Path(args.csv).resolve() / f"learn-{mode}-{seed}"),
+        }
+        for seed in range(args.learn_seeds)
+        for mode in ("full", "lowrank")
+    }  # fmt: skip
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each child is its own process
+        futures = {
+            name: pool.submit(measure.run_child, CHILD_MODULE, spec, timeout=args.learn * 3 + 1200)
+            for name, spec in specs.items()
+        }
+        runs: dict[str, Any] = {name: future.result() for name, future in futures.items()}
     rows = []
-    for seed in range(args.learn_seeds):
-        for mode in ("full", "lowrank"):
-            out = Path(args.csv).resolve() / f"learn-{mode}-{seed}"
-            spec = {"kind": "learn", "perturbation": mode, "rank": args.rank, "seed": seed,
-                    "seconds": args.learn, "every": 3, "heldout": args.learn_heldout,
-                    "threads": args.threads, "out": str(out)}  # fmt: skip
-            run = measure.run_child(CHILD_MODULE, spec, timeout=args.learn * 3 + 1200)
-            runs[f"{mode} seed {seed}"] = run
-            curve = run["curve"]
-            rows.append([mode, seed, run["steps"], f"{curve[0][1]:.3f}", f"{curve[-1][1]:.3f}",
-                         f"{curve[-1][0]:.0f}"])  # fmt: skip
-            print(f"learn {mode} seed {seed}: {curve}", file=sys.stderr, flush=True)
+    for name, run in runs.items():
+        spec, curve = specs[name], run["curve"]
+        rows.append([spec["perturbation"], spec["seed"], run["steps"], f"{curve[0][1]:.3f}",
+                     f"{curve[-1][1]:.3f}", f"{curve[-1][0]:.0f}"])  # fmt: skip
+        print(f"learn {name}: {curve}", file=sys.stderr, flush=True)
     headers = ["perturbation", "seed", "steps", "held-out accuracy before", "after",
                "step seconds at the last check"]  # fmt: skip
     text = "\n".join([

@@ -14,6 +14,7 @@ from typing import Any
 
 from esbox.defaults import black_box_defaults
 from esbox.errors import ConfigError, ConfigWarning, unknown_key_message
+from esbox.lowrank import refuse_low_rank, spec_rank
 from esbox.space import VectorSpace
 from esbox.strategy import Strategy
 
@@ -102,4 +103,7 @@ def make_strategy(name: str, space_or_dimension: Any, *, seed: int = 0, **option
     dimension = int(getattr(space_or_dimension, "dimension", space_or_dimension))
     if isinstance(space_or_dimension, VectorSpace):
         options = {**black_box_defaults(cls, dimension, options), **options}
-    return cls(dimension, seed=seed, **options)
+    strategy = cls(dimension, seed=seed, **options)
+    if not getattr(space_or_dimension, "supports_low_rank", True):  # a dimension: not known yet
+        refuse_low_rank(spec_rank(strategy.options))
+    return strategy

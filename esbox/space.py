@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -51,6 +52,10 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
     ``theta - sigma * eps`` rather than being that value bit for bit (DESIGN: restoring by
     arithmetic is an explicit option); runs stay reproducible, and the update is unchanged.
     """
+
+    # True where the space realises low-rank specs (strategy option perturbation: lowrank);
+    # make_strategy refuses a low-rank strategy on any other space before its first step
+    supports_low_rank: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -74,6 +74,28 @@ def test_live_trajectories_share_each_call_and_finished_ones_drop_out():
     assert [t.final for t in trajectories] == ["15244", "3", "15244"]
 
 
+class GroupedBackend(ScriptedBackend):
+    """A scripted backend that also takes ``groups`` (a low-rank population's members)."""
+
+    def generate(self, prompts, *, groups=1, **kwargs):
+        assert len(prompts) % groups == 0, "rows must split into equal groups"
+        return super().generate(prompts, **kwargs)
+
+
+def test_grouped_conversations_are_padded_to_equal_groups_and_end_as_ungrouped():
+    quick = "<answer>3</answer>"
+    policy = lambda p: quick if "quick" in p else call_then_answer(p)  # noqa: E731
+    questions = [user(q) for q in ("slow 1", "quick 2", "slow 3", "quick 4", "quick 5", "slow 6")]
+    grouped = GroupedBackend(policy)
+    trajectories = AgentLoop(grouped, [Calculator()]).run(questions, groups=2)
+    # turn 2: member 0 has two live rows, member 1 one, padded with a repeat of it
+    assert [len(c) for c in grouped.calls] == [6, 4] and grouped.calls[1][2] == grouped.calls[1][3]
+    alone = AgentLoop(ScriptedBackend(policy), [Calculator()]).run(questions)
+    assert [t.to_dict() for t in trajectories] == [t.to_dict() for t in alone]
+    with pytest.raises(ValueError, match="not 4 equal groups"):
+        AgentLoop(grouped, [Calculator()]).run(questions, groups=4)
+
+
 def test_turn_and_token_limits_end_a_trajectory_without_an_answer():
     always_call = ScriptedBackend(lambda p: CALL)
     (t,) = AgentLoop(always_call, [Calculator()], limits=AgentLimits(max_turns=3)).run([user("x")])

@@ -15,9 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from click.testing import CliRunner  # noqa: E402
+
 import esbox  # noqa: E402
 from esbox.adapters.models.space import TorchModuleSpace  # noqa: E402
 from esbox.adapters.models.testing import tiny_causal_lm  # noqa: E402
+from esbox.cli.main import cli  # noqa: E402
 from esbox.errors import ConfigError  # noqa: E402
 from esbox.lowrank import factors, matrix_labels, row_blocks, spec_rank, stacked_factors  # noqa: E402
 from esbox.space import VectorSpace  # noqa: E402
@@ -283,6 +286,21 @@ def test_low_rank_needs_matrices():
         pass
     with pytest.raises(ConfigError, match="perturbation 'lowrank' needs weight matrices"):
         VectorSpace(np.zeros(3)).apply(Update(0, 0, (Term(1, 1.0),), 0.1, rank=2))
+
+
+
+def test_a_low_rank_strategy_on_a_vector_is_refused_before_its_first_step(tmp_path):
+    with pytest.raises(ConfigError, match="perturbation 'lowrank' needs weight matrices"):
+        esbox.make_strategy("openai_es", VectorSpace(np.zeros(3)), perturbation="lowrank")
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "strategy: copes\noptions: {perturbation: lowrank}\n"
+        "problem: {kind: function, name: sphere, dimension: 8}\nbudget: {max_steps: 3}\n"
+    )
+    result = CliRunner().invoke(cli, ["optimize", "-q", "--config", str(config), "--out",
+                                      str(tmp_path / "run")])  # fmt: skip
+    assert result.exit_code == 2 and "perturbation 'lowrank'" in result.output
+    assert not (tmp_path / "run" / "metrics.jsonl").exists(), "refused before any step"
 
 
 def test_resume_of_a_low_rank_run_is_bit_identical(tmp_path):

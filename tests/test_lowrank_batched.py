@@ -21,16 +21,21 @@ pytest.importorskip("tokenizers")
 from click.testing import CliRunner  # noqa: E402
 
 import esbox  # noqa: E402
+from esbox.adapters.agents.evaluator import AgentEvaluator  # noqa: E402
+from esbox.adapters.agents.loop import AgentLimits, AgentLoop  # noqa: E402
+from esbox.adapters.agents.tools import Calculator  # noqa: E402
 from esbox.adapters.generation.hf import HFBackend  # noqa: E402
 from esbox.adapters.models.batched import LowRankPopulation  # noqa: E402
 from esbox.adapters.models.space import TorchModuleSpace  # noqa: E402
 from esbox.adapters.models.testing import char_tokenizer, save_tiny_lm, tiny_causal_lm  # noqa: E402
-from esbox.adapters.tasks import ArithmeticTask  # noqa: E402
+from esbox.adapters.tasks import ArithmeticTask, ToolMathTask  # noqa: E402
 from esbox.adapters.tasks.batched_rollouts import BatchedRolloutEvaluator  # noqa: E402
 from esbox.adapters.tasks.rollouts import RolloutEvaluator  # noqa: E402
 from esbox.cli.main import cli  # noqa: E402
 from esbox.lowrank import factors  # noqa: E402
 from esbox.specs import Perturbation  # noqa: E402
+
+OPENED = '<tool_call>{"name": "calculator", "arguments": {"expression": "'
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +134,26 @@ def test_batched_evaluator_rewards_equal_the_sweep_and_split_by_max_rows(tokeniz
         np.testing.assert_array_equal(batched.evaluate(space, population), sweep)
     full = esbox.make_strategy("openai_es", space, population=4).ask()
     assert not BatchedRolloutEvaluator(task, backend).batches(space, full)
+
+
+def test_batched_agent_rollouts_equal_each_members_sweep(tokenizer):
+    model = tiny_causal_lm("llama", len(tokenizer), max_position_embeddings=4096)
+    space = TorchModuleSpace(model.requires_grad_(False))
+    task = ToolMathTask(families=["product"], train_size=8, heldout_size=2, seed=1)
+    limits = AgentLimits(max_turns=2, max_tokens=24, max_new_tokens=12)
+    loop = AgentLoop(HFBackend(model, tokenizer), [Calculator()], limits=limits, prefill=OPENED)
+    # max_rows 8: 2 questions x 4 members in the first call, the third question in a second
+    evaluator = AgentEvaluator(task, loop, batch_size=3, log_per_member=3, max_rows=8)
+    population = members(space, count=4, sigma=2.0)
+    assert evaluator.batches(space, population)
+    batched = evaluator.evaluate(space, population)
+    batched_records = evaluator._records
+    batch = task.sample_batch(0, 3, 0)
+    with space.sweep(population) as each:
+        swept = [evaluator.run(batch, 0, None) for _ in each]
+    np.testing.assert_array_equal(batched, [np.mean([t.reward for t in ts]) for ts in swept])
+    assert [r["messages"] for r in batched_records] == [t.messages for ts in swept for t in ts]
+    assert len({json.dumps(r["messages"]) for r in batched_records}) > 3, "members must differ"
 
 
 def test_refusals_name_the_problem(tokenizer):

@@ -148,6 +148,7 @@ def build_agent(
     batch_size: int,
     greedy: bool,
     validation: dict[str, Any] | None,
+    max_rows: int = 0,
 ) -> AgentParts:
     """The agent evaluator (and held-out validation when ``validation`` has its options)."""
     limits = AgentLimits(options.max_turns, options.max_tokens, options.max_new_tokens)
@@ -163,6 +164,7 @@ def build_agent(
         invalid_call_penalty=options.invalid_call_penalty,
         truncation_penalty=options.truncation_penalty,
         log_per_member=options.log_per_member,
+        max_rows=max_rows,
     )
     checker = AgentValidation(task, evaluator, **validation) if validation is not None else None
     return AgentParts(evaluator, checker)

@@ -17,9 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from esbox.adapters.models.batched import LowRankPopulation
+from esbox.adapters.models.space import TorchModuleSpace
 from esbox.adapters.tasks.base import Example, Task
+from esbox.adapters.tasks.batched_rollouts import BatchedRolloutEvaluator
 from esbox.adapters.tasks.metrics import summarize as summarize_correct
-from esbox.adapters.tasks.rollouts import HeldoutValidation, RolloutEvaluator
+from esbox.adapters.tasks.rollouts import HeldoutValidation
 from esbox.space import ParameterSpace
 from esbox.specs import Perturbation
 
@@ -65,9 +68,13 @@ class TrajectoryLog:
         self.last_step = step
 
 
-class AgentEvaluator(RolloutEvaluator):
+class AgentEvaluator(BatchedRolloutEvaluator):
     """Mean trajectory reward of each member; ``log_per_member`` trajectories of every member go
-    to ``log`` each step, and :meth:`add_metrics` (a runner callback) adds the step's figures."""
+    to ``log`` each step, and :meth:`add_metrics` (a runner callback) adds the step's figures.
+
+    A low-rank population on the transformers backend runs all members' trajectories in shared
+    generation calls (``max_rows`` rows a call at most, as in ``BatchedRolloutEvaluator``);
+    any other population is swept one member at a time."""
 
     def __init__(
         self,
@@ -83,10 +90,11 @@ class AgentEvaluator(RolloutEvaluator):
         log: TrajectoryLog | None = None,
         log_per_member: int = 1,
         context_of: Any = None,
+        max_rows: int = 0,
     ) -> None:
         super().__init__(
             task, loop.backend, batch_size=batch_size, seed=seed, greedy=greedy,
-            context_of=context_of,
+            context_of=context_of, max_rows=max_rows,
         )  # fmt: skip
         self.loop, self.temperature = loop, temperature
         self.invalid_call_penalty = invalid_call_penalty
@@ -105,42 +113,67 @@ class AgentEvaluator(RolloutEvaluator):
 
     def run(self, batch: Sequence[Example], step: int, context: int | None) -> list[Trajectory]:
         """The trajectories of the model as it is now on ``batch``, rewards filled in."""
+        return self._run(batch, step, self._conversations(batch, context))
+
+    def _conversations(self, batch: Sequence[Example], context: int | None) -> list[Any]:
         conversations = self._prompts(batch, context)
         if any(isinstance(c, str) for c in conversations):
             raise ValueError("agent rollouts need chat prompts (the task's chat=True)")
+        return conversations
+
+    def _run(
+        self, batch: Sequence[Example], step: int, conversations: list[Any], groups: int = 1
+    ) -> list[Trajectory]:
+        """Trajectories of ``conversations`` (``groups`` copies of ``batch``, group-major) with
+        their rewards."""
         trajectories = self.loop.run(
             conversations,
             greedy=self.greedy,
             temperature=self.temperature,
             seed=None if self.greedy else self.seed * 1_000_003 + step,
+            groups=groups,
         )
-        for trajectory, example in zip(trajectories, batch, strict=True):
+        for trajectory, example in zip(trajectories, list(batch) * groups, strict=True):
             trajectory.reward = self.trajectory_reward(trajectory, example)
         return trajectories
 
-    def rollout(self, batch: Sequence[Example], step: int, context: int | None = None) -> float:
-        trajectories = self.run(batch, step, context)
-        self._step_trajectories += trajectories
-        return float(np.mean([t.reward for t in trajectories]))
+    def _population(
+        self, batch: Sequence[Example], step: int, perturbations: Sequence[Perturbation]
+    ) -> list[list[Trajectory]]:
+        """Every member's trajectories on ``batch`` in shared generation calls (the low-rank
+        population is open): member-major groups of rows, ``max_rows`` rows a call at most."""
+        size = len(perturbations)
+        per_call = self.prompts_per_call(size, len(batch))
+        per_member: list[list[Trajectory]] = [[] for _ in perturbations]
+        for lo in range(0, len(batch), per_call):
+            part = batch[lo : lo + per_call]
+            conversations = [c for p in perturbations for c in self._conversations(part, p.context)]
+            trajectories = self._run(part, step, conversations, groups=size)
+            for i in range(size):
+                per_member[i] += trajectories[i * len(part) : (i + 1) * len(part)]
+        return per_member
 
     def evaluate(self, space: ParameterSpace, perturbations: Sequence[Perturbation]) -> np.ndarray:
-        self._step_trajectories, self._records = [], []
         step = perturbations[0].step
         batch = self.task.sample_batch(step, self.batch_size, self.seed)
-        rewards = np.empty(len(perturbations))
-        with space.sweep(perturbations) as members:
-            for i, p in enumerate(members):
-                start = len(self._step_trajectories)
-                rewards[i] = self.rollout(batch, step, p.context)
-                for j, t in enumerate(self._step_trajectories[start:][: self.log_per_member]):
-                    self._records.append(
-                        {"member": i, "seed": p.seed, "scale": p.scale, "context": p.context,
-                         "question": _question(batch[j]), "gold": batch[j].answer,
-                         "system": self.loop.system_text(t.messages), **t.to_dict()}
-                    )  # fmt: skip
+        if self.batches(space, perturbations):
+            assert isinstance(space, TorchModuleSpace)
+            with LowRankPopulation(space, perturbations):
+                per_member = self._population(batch, step, perturbations)
+        else:
+            with space.sweep(perturbations) as members:
+                per_member = [self.run(batch, step, p.context) for p in members]
+        self._step_trajectories = [t for ts in per_member for t in ts]
+        self._records = [
+            {"member": i, "seed": p.seed, "scale": p.scale, "context": p.context,
+             "question": _question(batch[j]), "gold": batch[j].answer,
+             "system": self.loop.system_text(t.messages), **t.to_dict()}
+            for i, (p, ts) in enumerate(zip(perturbations, per_member, strict=True))
+            for j, t in enumerate(ts[: self.log_per_member])
+        ]  # fmt: skip
         if self.log is not None:
             self.log.write(step, self._records)
-        return rewards
+        return np.array([np.mean([t.reward for t in ts]) for ts in per_member])
 
     def add_metrics(self, runner: Any, metrics: dict[str, Any]) -> None:
         """Runner callback: the step's tool-use figures as ``agent_*`` metrics."""

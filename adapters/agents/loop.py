@@ -118,29 +118,43 @@ class AgentLoop:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        groups: int = 1,
     ) -> list[Trajectory]:
-        """Every conversation continued until its end; the trajectories in the same order."""
+        """Every conversation continued until its end; the trajectories in the same order.
+
+        ``groups=N`` keeps the conversations as ``N`` equal, contiguous groups (the members of
+        a low-rank population, :mod:`esbox.adapters.models.batched`) in every generation call:
+        a group with fewer live trajectories than another is padded with repeats of its own
+        rows, whose output is dropped.
+        """
         limits = self.limits
+        if groups < 1 or len(conversations) % groups:
+            raise ValueError(f"{len(conversations)} conversations are not {groups} equal groups")
         trajectories = [Trajectory(merge_system(c)) for c in conversations]
         live = list(range(len(trajectories)))
         for turn in range(limits.max_turns):
             if not live:
                 break
+            rows = _grouped(live, len(trajectories) // groups, groups)
             budgets = [limits.max_tokens - trajectories[i].tokens for i in live]
             prefill = self.prefill if turn == 0 else None
             texts = self.backend.generate(
-                [self.prompt(trajectories[i].messages) for i in live],
-                prefills=[prefill] * len(live),
+                [self.prompt(trajectories[i].messages) for i in rows],
+                prefills=[prefill] * len(rows),
                 max_new_tokens=min(limits.max_new_tokens, max(budgets)),
                 greedy=greedy,
                 temperature=temperature,
                 top_p=top_p,
                 seed=None if seed is None else seed + turn,
                 stop=[CALL_CLOSE],
+                **({"groups": groups} if groups > 1 else {}),
             )
+            by_row: dict[int, str] = {}
+            for i, text in zip(rows, texts, strict=True):
+                by_row.setdefault(i, text)  # a padding row repeats a live one: the first counts
             still = []
-            for i, text, budget in zip(live, texts, budgets, strict=True):
-                if self._advance(trajectories[i], self.clip(text, budget), prefill or ""):
+            for i, budget in zip(live, budgets, strict=True):
+                if self._advance(trajectories[i], self.clip(by_row[i], budget), prefill or ""):
                     still.append(i)
             live = still
         for i in live:
@@ -168,3 +182,18 @@ class AgentLoop:
             trajectory.stop = "max_tokens"
             return False
         return True
+
+
+def _grouped(live: Sequence[int], size: int, groups: int) -> list[int]:
+    """``live`` laid out as ``groups`` equal groups of rows (group g holds indices
+    ``g size .. (g + 1) size - 1``): each group padded to the longest by repeating its first
+    live row, or its first row when none of it is live."""
+    by_group: list[list[int]] = [[] for _ in range(groups)]
+    for i in live:
+        by_group[i // size].append(i)
+    width = max(len(g) for g in by_group)
+    return [
+        i
+        for g, rows in enumerate(by_group)
+        for i in rows + [rows[0] if rows else g * size] * (width - len(rows))
+    ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -25,6 +26,8 @@ from esbox.specs import Perturbation, Term, Update
 
 class LowRankSpecs:
     """Mixin of ``TorchModuleSpace``: realises perturbations and updates with ``rank > 0``."""
+
+    supports_low_rank: ClassVar[bool] = True
 
     _flat: list[torch.Tensor]
     _master: dict[int, torch.Tensor]

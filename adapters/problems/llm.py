@@ -170,6 +170,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         parts = build_agent(
             agent, task, backend, seed=seed, batch_size=options.batch_size,
             greedy=options.greedy, validation=validation if options.validation_every else None,
+            max_rows=options.population_rows,
         )  # fmt: skip
         evaluator, checker, start = parts.evaluator, parts.validation, parts.start
     else:

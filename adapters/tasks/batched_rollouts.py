@@ -46,13 +46,18 @@ class BatchedRolloutEvaluator(RolloutEvaluator):
             and isinstance(self.backend, HFBackend)
         )
 
+    def prompts_per_call(self, size: int, prompts: int) -> int:
+        """Prompts of each member in one batched call: ``max_rows`` over the population, at
+        least one; all ``prompts`` when ``max_rows`` is 0."""
+        return max(1, self.max_rows // size) if self.max_rows else prompts
+
     def evaluate(self, space: ParameterSpace, perturbations: Sequence[Perturbation]) -> np.ndarray:
         if not self.batches(space, perturbations):
             return super().evaluate(space, perturbations)
         assert isinstance(space, TorchModuleSpace)
         step, size = perturbations[0].step, len(perturbations)
         batch = self.task.sample_batch(step, self.batch_size, self.seed)
-        per_call = max(1, self.max_rows // size) if self.max_rows else len(batch)
+        per_call = self.prompts_per_call(size, len(batch))
         rewards = np.empty((size, len(batch)))
         with LowRankPopulation(space, perturbations):
             for lo in range(0, len(batch), per_call):
