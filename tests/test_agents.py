@@ -143,6 +143,21 @@ def test_a_prefill_opens_the_first_turn_only():
     assert t.messages[1]["content"] == opened + '37 * 412"}}'
 
 
+def test_a_list_of_prefills_opens_each_turn_in_order():
+    opened = '<tool_call>{"name": "calculator", "arguments": {"expression": "'
+
+    def policy(prompt: str) -> str:
+        if prompt.endswith('"expression": "'):
+            return '2 + 3"}}' if "<tool_response>\n" not in prompt else '5 * 4"}}'
+        return "<answer>20</answer>"
+
+    loop = AgentLoop(ScriptedBackend(policy), [Calculator()], prefill=[opened, opened, ""])
+    (t,) = loop.run([user("x")])
+    assert (t.turns, t.valid_calls, t.final) == (3, 2, "20")
+    assert [m["content"] for m in t.messages[1:4:2]] == [opened + '2 + 3"}}', opened + '5 * 4"}}']
+    assert t.messages[-1]["content"] == "<answer>20</answer>"  # the third turn: no prefill
+
+
 def test_leading_system_messages_are_joined_for_the_tool_prompt():
     merged = merge_system(
         [{"role": "system", "content": "skill"}, {"role": "system", "content": "task"}, *user("q")]
@@ -261,6 +276,9 @@ def test_a_bad_agent_section_is_a_config_error_naming_the_key(tiny_lm, tmp_path)
     assert result.exit_code == 2 and "problem.agent.tools" in result.output
     result = agent_run(tiny_lm, tmp_path / "bad2", 1, "--set", "problem.agent={max_turn: 3}")
     assert result.exit_code == 2 and "max_turn" in result.output and "max_turns" in result.output
+    result = agent_run(tiny_lm, tmp_path / "bad3", 1, "--set", "problem.agent={prefill: [a, 3]}")
+    assert result.exit_code == 2 and "problem.agent.prefill" in result.output
+    assert "list of strings" in result.output
 
 
 def test_an_agent_run_resumes_bit_identically_with_its_trajectories(tiny_lm, tmp_path):

@@ -40,10 +40,12 @@ class AgentOptions:
     log_per_member: int = option(
         1, "trajectories of each member written to trajectories.jsonl each step", minimum=0
     )
-    prefill: str = option(
+    prefill: str | list = option(
         "",
         "text the first turn starts with, e.g. an opened call '<tool_call>{\"name\": ...' "
-        "(a scaffold for a model that never calls on its own; docs/agents.md)",
+        "(a scaffold for a model that never calls on its own; docs/agents.md), or a list: "
+        "one text per turn ('' for none)",
+        form="a string, or a list of strings (one per turn)",
     )
     native_template: str = option(
         "auto",
@@ -61,6 +63,11 @@ def agent_options(section: dict[str, Any]) -> AgentOptions:
         raise ConfigError(
             f"problem.agent.tools must list some of {', '.join(TOOL_NAMES)} or 'module:name' "
             f"paths to your own tools, got {options.tools}"
+        )
+    if isinstance(options.prefill, list) and not all(isinstance(p, str) for p in options.prefill):
+        raise ConfigError(
+            f"problem.agent.prefill must be a string or a list of strings (one per turn), "
+            f"got {options.prefill!r}"
         )
     for name in options.tools:
         if _is_import_path(name):

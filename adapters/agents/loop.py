@@ -84,11 +84,12 @@ class AgentLoop:
         *,
         limits: AgentLimits | None = None,
         native: bool | None = None,
-        prefill: str | None = None,
+        prefill: str | Sequence[str] | None = None,
     ) -> None:
         self.backend, self.tools = backend, toolbox(tools)
         self.limits = limits or AgentLimits()
-        self.prefill = prefill or None  # the first turn starts with it (e.g. an opened call)
+        # turn t starts with prefills[t] (e.g. an opened call); one string: the first turn only
+        self.prefills = [prefill] if isinstance(prefill, str) else list(prefill or [])
         self.tokenizer = backend.tokenizer
         self.native = supports_tools(self.tokenizer) if native is None else native
         self.tool_role = supports_tool_role(self.tokenizer)
@@ -137,7 +138,7 @@ class AgentLoop:
                 break
             rows = _grouped(live, len(trajectories) // groups, groups)
             budgets = [limits.max_tokens - trajectories[i].tokens for i in live]
-            prefill = self.prefill if turn == 0 else None
+            prefill = (self.prefills[turn] if turn < len(self.prefills) else "") or None
             texts = self.backend.generate(
                 [self.prompt(trajectories[i].messages) for i in rows],
                 prefills=[prefill] * len(rows),
