@@ -288,7 +288,6 @@ def test_low_rank_needs_matrices():
         VectorSpace(np.zeros(3)).apply(Update(0, 0, (Term(1, 1.0),), 0.1, rank=2))
 
 
-
 def test_a_low_rank_strategy_on_a_vector_is_refused_before_its_first_step(tmp_path):
     with pytest.raises(ConfigError, match="perturbation 'lowrank' needs weight matrices"):
         esbox.make_strategy("openai_es", VectorSpace(np.zeros(3)), perturbation="lowrank")
