@@ -90,7 +90,9 @@ def test_wandb_offline_run_gets_the_jsonl_numbers(tmp_path: Path, monkeypatch) -
     assert (offline / f"run-{run_id}.wandb").stat().st_size > 0
     resumed = CliRunner().invoke(cli, ["resume", "-q", str(run), "--set", "budget.max_steps=5"])
     assert resumed.exit_code == 0, resumed.output
-    runs = {path.name.rsplit("-", 1)[1] for path in (run / "wandb").glob("offline-run-*")}
+    # each sync folder holds run-<id>.wandb (wandb adds "-1" to a folder name taken that second)
+    logs = (run / "wandb").glob("offline-run-*/run-*.wandb")
+    runs = {path.stem.removeprefix("run-") for path in logs}
     assert runs == {run_id}  # the resume logs to the same wandb run
     assert [step for _, step in logged] == [0, 1, 2, 3, 4]  # on from the final checkpoint
 
