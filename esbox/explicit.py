@@ -25,6 +25,7 @@ class ExplicitSpecs:
     _backup: dict[int, torch.Tensor] | None
     chunks: list[Chunk]
     _reference: Callable[[int], torch.Tensor]  # ParameterSpace's exact backup or fp32 master
+    update_squares: list[float]
 
     def _explicit_chunks(
         self, values: Sequence[float], what: str
@@ -54,6 +55,7 @@ class ExplicitSpecs:
 
     def _shift(self, shift: Sequence[float]) -> float:
         """``theta += shift`` (masters too); returns the L2 norm of the shift."""
+        squares = [0.0] * len(self._flat)
         squared = 0.0
         for chunk, part in self._explicit_chunks(shift, "an explicit update"):
             flat = self._flat[chunk.tensor_index]
@@ -61,6 +63,9 @@ class ExplicitSpecs:
             theta.copy_(theta.to(device=part.device, dtype=torch.float64) + part)
             if chunk.tensor_index in self._master:
                 flat[chunk.start : chunk.stop].copy_(theta)
-            squared += float(part.square().sum())
+            change = float(part.square().sum())
+            squares[chunk.tensor_index] += change
+            squared += change
         self._backup = None
+        self.update_squares = squares
         return math.sqrt(squared)

@@ -72,7 +72,7 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
             raise ValueError(f"noise must be one of {', '.join(NOISE_MODES)}, got {noise!r}")
         self._flat = [t.detach().view(-1) for t in tensors]
         self.chunk_size = chunk_size
-        self.chunks = chunk_layout([t.numel() for t in self._flat], chunk_size)
+        self.chunks, self._drawn = self._layout(chunk_size)
         self.backup_device = torch.device(backup_device)
         with torch.inference_mode(False):  # masters are updated outside inference mode
             self._master = {
@@ -83,7 +83,7 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
         self._backup: dict[int, torch.Tensor] | None = None
         self._optimizer = ChunkOptimizer()
         self._scales = CoordinateScales(self._flat)  # per-coordinate noise scales (SNES)
-        largest = max((chunk.numel for chunk in self.chunks), default=1)
+        largest = max((chunk.numel for chunk in self._drawn), default=1)
         threads = noise_threads if noise_threads is not None else min(torch.get_num_threads(), 4)
         self.noise_mode = noise
         table = NoiseTable(table_size) if noise == "table" else None
@@ -92,9 +92,19 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
             raise ValueError(f"chunk_size {largest} exceeds the noise table ({table_size})")
         self._filler = NoiseFiller(largest, threads, table)
         self._perturbed = False
-        self._partition = LayoutPartition(self.chunks, largest)
+        self._partition = LayoutPartition(self._drawn, largest)
         self._update_buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self.reflect_antithetic = reflect_antithetic
+        # squared L2 norm of the last update's change per tensor (replicas that hold shards
+        # of the same tensors sum them once per shard)
+        self.update_squares: list[float] = [0.0] * len(self._flat)
+
+    def _layout(self, chunk_size: int) -> tuple[list[Chunk], list[Chunk]]:
+        """The chunks of the space's tensors and, position by position, the chunk whose noise
+        and subspace mask each one draws: the same chunks here (a sharded space draws over
+        its logical tensors, see ``esbox.sharded``)."""
+        chunks = chunk_layout([t.numel() for t in self._flat], chunk_size)
+        return chunks, chunks
 
     @property
     def dimension(self) -> int:
@@ -291,6 +301,7 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
         groups = update.subspace_groups()
         pairs = [(c, t.seed) for c in self.chunks for terms in groups for t in terms]
         stream = self._member_noise(update.run_seed, update.step, pairs)
+        squares = [0.0] * len(self._flat)
         squared = 0.0
         for position, chunk in enumerate(self.chunks):
             flat = self._flat[chunk.tensor_index]
@@ -320,7 +331,9 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
                 grad,
                 update.learning_rate,
             )
-            squared += float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
+            change = float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
+            squares[chunk.tensor_index] += change
+            squared += change
             theta.add_(delta.to(device=theta.device, dtype=theta.dtype))
             if chunk.tensor_index in self._master:
                 flat[chunk.start : chunk.stop].copy_(theta)
@@ -330,6 +343,7 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
             noise = self._member_noise(update.run_seed, update.step, pairs)
             self._scales.move(self.chunks, terms, noise)
         self._backup = None
+        self.update_squares = squares
         return math.sqrt(squared)
 
     def _update_scratch(

@@ -49,14 +49,19 @@ def model_dir(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def llm(model_dir):
+def _small_cpu_engines() -> None:
+    """A 1 GiB KV cache (vLLM's CPU default reserves most of the memory), no telemetry."""
     for key, value in {
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "HF_HUB_OFFLINE": "1",
     }.items():
         os.environ.setdefault(key, value)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    _small_cpu_engines()
     engine = make_llm(
         str(model_dir),
         dtype="float32",
@@ -257,3 +262,82 @@ def test_the_agent_loop_runs_on_the_vllm_backend(backend, model_dir):
         assert trajectory.tokens <= 40 and trajectory.stop in ("answer", "max_turns", "max_tokens")
     rendered = loop.prompt(first[0].messages[:3])
     assert "<tool_response>\n15244\n</tool_response>" in rendered
+
+
+# -- a tensor-parallel engine: two CPU workers, each holding a block of every tensor ------------
+@pytest.fixture(scope="module")
+def tp_llm(model_dir):
+    """The same model on a ``tensor_parallel_size=2`` engine (its one KV head replicated on
+    both workers, the vocabulary split unevenly: 64 and 38 real rows)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("a tensor-parallel CPU engine needs two CPUs, one a worker")
+    _small_cpu_engines()
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{cpus[0]}|{cpus[1]}"  # vLLM binds one a worker
+    try:
+        engine = make_llm(
+            str(model_dir),
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=512,
+            max_num_seqs=8,
+            seed=0,
+            tensor_parallel_size=2,
+            distributed_executor_backend="mp",
+        )
+    finally:
+        if bind is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    yield engine
+    engine.llm_engine.engine_core.shutdown()
+    del engine
+    gc.collect()
+
+
+def test_a_tensor_parallel_engine_is_perturbed_and_updated_like_the_whole_model(
+    tp_llm, hf_model
+):
+    """Members (CoPES subspace), SGD and Adam updates and the checkpoint of a sharded engine
+    equal a transformers space's bit for bit; chunks of 100 cut rows anywhere."""
+    space = VLLMSpace(tp_llm, chunk_size=100)
+    hf = TorchModuleSpace(hf_model, chunk_size=100)
+    assert space.names == hf.names and space.dimension == hf.dimension
+    assert space.blocks is not None and len(space.blocks) == 2
+    assert space.blocks[0] != space.blocks[1]
+    initial, before = space.state_dict(), space.checksum()
+    assert all(torch.equal(initial[k], v) for k, v in hf.state_dict().items())
+    member = Perturbation(5, 2, 99, 0.05, subspace=1, num_subspaces=2)
+    with space.perturbed(member), hf.perturbed(member):
+        theirs = space.tensors()
+        for name, param in hf_model.named_parameters():
+            assert torch.equal(theirs[name], param.detach()), name
+    assert space.checksum() == before
+    terms = tuple(Term(s, c) for s, c in ((1, 0.5), (2, -0.25), (3, 1.0)))
+    for optimizer in (OptimizerSpec(), OptimizerSpec("adam")):
+        update = Update(5, 2, terms, 0.01, optimizer)
+        assert space.apply(update) == pytest.approx(hf.apply(update), rel=1e-9)
+    theirs = space.tensors()
+    for name, param in hf_model.named_parameters():
+        assert torch.equal(theirs[name], param.detach()), name
+    hf_state, tp_state = hf.state_dict(), space.state_dict()
+    assert hf_state.keys() == tp_state.keys()
+    assert all(torch.equal(hf_state[k], tp_state[k]) for k in hf_state)
+    space.load_state_dict(initial)  # a logical checkpoint goes back into the shards
+    assert space.checksum() == before
+
+
+def test_a_tensor_parallel_engine_generates_under_a_member_and_comes_back(tp_llm):
+    space, backend = VLLMSpace(tp_llm), VLLMBackend(tp_llm)
+    base = backend.generate(PROMPTS, max_new_tokens=8)
+    assert len(base) == len(PROMPTS) and any(base)
+    with space.perturbed(Perturbation(0, 0, 7, 0.5)):
+        assert backend.generate(PROMPTS, max_new_tokens=8) != base
+    assert backend.generate(PROMPTS, max_new_tokens=8) == base
+
+
+def test_a_tensor_parallel_engine_needs_the_logical_layout(tp_llm):
+    with pytest.raises(ValueError, match="tensor-parallel engine needs layout='hf'"):
+        VLLMSpace(tp_llm, layout="vllm")

@@ -16,11 +16,16 @@ vLLM keep pointing at the live weights), and prefix caching must be off: cached 
 would belong to the weights of another member. :func:`make_llm` sets both up. The noise layout
 (``layout="hf"`` or ``"vllm"``) is described in :mod:`.vllm_tensors`.
 
-Tensor and pipeline parallelism (a model sharded across workers) are not supported yet.
+A tensor-parallel engine (``tensor_parallel_size > 1``) is supported with ``layout="hf"``:
+each worker holds a block of every logical tensor (:mod:`.vllm_shards`), draws the noise of
+the whole tensor and writes its part, so members and updates are the unsharded engine's, and
+state dicts are assembled from the workers' blocks. Pipeline parallelism is not supported.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,6 +36,7 @@ import torch
 from esbox.adapters.models.space import MODEL_CHUNK_SIZE
 from esbox.chunks import Chunk, chunk_layout
 from esbox.noise import DEFAULT_TABLE_SIZE, derive_seed
+from esbox.sharded import Block, assemble_state
 from esbox.specs import Perturbation, Update
 
 from .backend import Prompt, TemplatedPrompts, truncate_at_stop
@@ -121,6 +127,10 @@ class VLLMSpace:
         self.noise_mode = noise
         self._numels: list[int] = info["numels"]
         self._perturbed = False
+        # per worker, the block of each tensor it holds (a tensor-parallel engine), else None
+        self.blocks: list[list[Block]] | None = (
+            [[Block(*b) for b in i["blocks"]] for i in infos] if info["blocks"] else None
+        )
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
         results = self.llm.collective_rpc(method, timeout=self.timeout, args=args)
@@ -162,31 +172,52 @@ class VLLMSpace:
 
     # -- updates and state -----------------------------------------------------------------------
     def apply(self, update: Update) -> float:
-        """Apply an update by replay in every worker; returns the L2 norm of the change."""
+        """Apply an update by replay in every worker; returns the L2 norm of the change (of
+        the logical tensors: a block held by several workers counts once)."""
         if self._perturbed:
             raise RuntimeError("cannot apply an update while the space is perturbed")
-        return float(self._rpc("esbox_apply", update.to_dict())[0])
+        results = self._rpc("esbox_apply", update.to_dict())
+        if self.blocks is None:
+            return float(results[0]["norm"])
+        counted: set[tuple[int, Block]] = set()
+        squared = 0.0
+        for result, blocks in zip(results, self.blocks, strict=True):
+            for i, (block, square) in enumerate(zip(blocks, result["squares"], strict=True)):
+                if (i, block) not in counted:
+                    counted.add((i, block))
+                    squared += square
+        return math.sqrt(squared)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters, fp32 masters and optimizer state as named CPU tensors (worker 0's)."""
-        return unpack_tensors(self._rpc("esbox_state_dict")[0])
+        """Parameters, fp32 masters and optimizer state of the logical tensors as named CPU
+        tensors (worker 0's, or assembled from a tensor-parallel engine's workers)."""
+        states = [unpack_tensors(r) for r in self._rpc("esbox_state_dict")]
+        return states[0] if self.blocks is None else assemble_state(states, self.blocks)
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Load a state dict into every worker, in place."""
+        """Load a (logical) state dict into every worker, in place."""
         self._rpc("esbox_load_state_dict", pack_tensors(tensors))
 
     def tensors(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """CPU copies of the space's tensors (all, or those named), shaped as in the model."""
-        flat = unpack_tensors(
-            self._rpc("esbox_tensors", list(names) if names is not None else None)[0]
-        )
+        wanted = list(names) if names is not None else None
+        parts = [unpack_tensors(r) for r in self._rpc("esbox_tensors", wanted)]
         shapes = dict(zip(self.names, self.shapes, strict=True))
-        return {n: t.reshape(shapes[n]) for n, t in flat.items()}
+        if self.blocks is not None:
+            index = {n: i for i, n in enumerate(self.names)}
+            states = [{f"{n}.{index[n]}": t for n, t in part.items()} for part in parts]
+            whole = assemble_state(states, self.blocks)
+            parts = [{n.rpartition(".")[0]: t for n, t in whole.items()}]
+        return {n: t.reshape(shapes[n]) for n, t in parts[0].items()}
 
     def checksum(self, scope: str = "model") -> str:
         """sha256 of every model parameter's bytes (``"model"``) or of the space's tensors
-        (``"space"``), from worker 0."""
-        return str(self._rpc("esbox_checksum", scope)[0])
+        (``"space"``): worker 0's, or, for a tensor-parallel engine, the sha256 of its
+        workers' checksums in rank order."""
+        sums = [str(s) for s in self._rpc("esbox_checksum", scope)]
+        if len(sums) == 1:
+            return sums[0]
+        return hashlib.sha256(" ".join(sums).encode()).hexdigest()
 
 
 class VLLMBackend(TemplatedPrompts):

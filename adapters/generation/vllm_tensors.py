@@ -65,14 +65,14 @@ def logical_tensors(model: torch.nn.Module, layout: str) -> list[tuple[str, torc
     return out
 
 
-def hf_parameter_names(hf_config: Any) -> list[str]:
-    """Parameter names of the transformers model for ``hf_config`` in their order (built on
-    the meta device: no memory, no weights)."""
+def hf_parameter_shapes(hf_config: Any) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of the transformers model for ``hf_config``, in its order
+    (built on the meta device: no memory, no weights)."""
     import transformers
 
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(hf_config)
-    return [n for n, _ in model.named_parameters()]
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
 
 
 def order_like(

@@ -18,15 +18,17 @@ from typing import Any
 import torch
 
 from esbox.adapters.models.space import TorchModuleSpace
+from esbox.sharded import Block, ShardedTensorSpace, shard_state
 from esbox.space import ParameterSpace
 from esbox.specs import Perturbation, Update
 
 from .vllm_cpu import use_live_cpu_weights
 from .vllm_rpc import digest, pack_tensors, reported, unpack_tensors
+from .vllm_shards import check_logical_shapes, tensor_parallel_shards
 from .vllm_tensors import (
     NamedTensorSpace,
     check_not_repacked,
-    hf_parameter_names,
+    hf_parameter_shapes,
     logical_tensors,
     order_like,
     select,
@@ -65,46 +67,85 @@ class EsboxWorkerExtension:
 
     @reported
     def esbox_init(self, options: dict[str, Any]) -> dict[str, Any]:
-        """Build the space (replacing any earlier one); returns its tensors' names, shapes,
-        numels and dtypes, their device and the chunk size."""
+        """Build the space (replacing any earlier one); returns its tensors' logical names,
+        shapes, numels and dtypes, their device, the chunk size and, in a tensor-parallel
+        worker, the block of each tensor it holds (``Block.to_list``; None otherwise)."""
         options = dict(options)
         layout = options.pop("layout", "hf")
         include = options.pop("include", None)
         exclude = options.pop("exclude", ())
         config = self.vllm_config  # type: ignore[attr-defined]
         parallel = config.parallel_config
-        if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
-            raise NotImplementedError(
-                "esbox's vLLM space needs tensor_parallel_size=1 and pipeline_parallel_size=1"
-            )
+        if parallel.pipeline_parallel_size != 1:
+            raise NotImplementedError("esbox's vLLM space needs pipeline_parallel_size=1")
         model = self.get_model()  # type: ignore[attr-defined]
-        if layout == "vllm":
+        blocks: list[Block] | None = None
+        if parallel.tensor_parallel_size > 1:
+            sharded, hf_shapes = self._sharded_space(model, layout, include, exclude, options)
+            space: ParameterSpace = sharded
+            blocks = sharded.blocks
+            named = list(zip(sharded.names, sharded._flat, strict=True))
+        elif layout == "vllm":
             check_not_repacked(logical_tensors(model, "vllm"))
-            space: ParameterSpace = TorchModuleSpace(
-                model, include=include, exclude=exclude, **options
-            )
+            space = TorchModuleSpace(model, include=include, exclude=exclude, **options)
             named = list(zip(space.names, space._flat, strict=True))
         else:
-            try:
-                order = hf_parameter_names(config.model_config.hf_config)
-            except Exception as exc:
-                raise ValueError(
-                    f"cannot build the transformers model of this config ({exc}); "
-                    "use layout='vllm' to define the noise per vLLM tensor"
-                ) from exc
-            tensors = order_like(logical_tensors(model, layout), order)
+            order = self._hf_shapes(config)
+            tensors = order_like(logical_tensors(model, layout), list(order))
             named = select(tensors, include, exclude)
             space = NamedTensorSpace(named, **options)
         self.esbox_space = space
         self.esbox_sweep_state: tuple[Any, Iterator[Perturbation], _Feed] | None = None
+        if blocks is not None:  # the logical tensors
+            shapes = [list(hf_shapes[n]) for n, _ in named]
+            numels = [b.logical_numel for b in blocks]
+        else:
+            shapes = [list(t.shape) for _, t in named]
+            numels = [t.numel() for _, t in named]
         return {
             "names": [n for n, _ in named],
-            "shapes": [list(t.shape) for _, t in named],
-            "numels": [t.numel() for _, t in named],
+            "shapes": shapes,
+            "numels": numels,
             "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
             "device": str(named[0][1].device),
             "chunk_size": space.chunk_size,
+            "blocks": [b.to_list() for b in blocks] if blocks else None,
         }
+
+    @staticmethod
+    def _hf_shapes(config: Any) -> dict[str, tuple[int, ...]]:
+        try:
+            return hf_parameter_shapes(config.model_config.hf_config)
+        except Exception as exc:
+            raise ValueError(
+                f"cannot build the transformers model of this config ({exc}); "
+                "use layout='vllm' to define the noise per vLLM tensor"
+            ) from exc
+
+    def _sharded_space(
+        self,
+        model: torch.nn.Module,
+        layout: str,
+        include: list[str] | None,
+        exclude: list[str],
+        options: dict[str, Any],
+    ) -> tuple[ShardedTensorSpace, dict[str, tuple[int, ...]]]:
+        """A tensor-parallel worker's space (its blocks of the logical tensors) and the
+        logical tensors' shapes."""
+        if layout != "hf":
+            raise ValueError(
+                "a tensor-parallel engine needs layout='hf' (the noise of the whole logical "
+                "tensors, which every worker draws and writes its part of)"
+            )
+        shapes = self._hf_shapes(self.vllm_config)  # type: ignore[attr-defined]
+        shards = tensor_parallel_shards(model)
+        check_logical_shapes(shards, shapes)
+        by_name = {name: (tensor, block) for name, tensor, block in shards}
+        ordered = [(name, by_name[name][0]) for name in shapes]
+        chosen = select(ordered, include, exclude)
+        check_not_repacked(chosen)
+        space = ShardedTensorSpace([(n, t, by_name[n][1]) for n, t in chosen], **options)
+        return space, shapes
 
     def _esbox(self) -> ParameterSpace:
         space = getattr(self, "esbox_space", None)
@@ -146,10 +187,13 @@ class EsboxWorkerExtension:
         return True
 
     @reported
-    def esbox_apply(self, update: dict[str, Any]) -> float:
-        """Apply an update by replay; returns the norm of the change."""
+    def esbox_apply(self, update: dict[str, Any]) -> dict[str, Any]:
+        """Apply an update by replay; returns the norm of the change and its square per
+        tensor (what a tensor-parallel driver sums over the workers' distinct blocks)."""
+        space = self._esbox()
         with torch.inference_mode():
-            return self._esbox().apply(Update.from_dict(update))
+            norm = space.apply(Update.from_dict(update))
+        return {"norm": norm, "squares": space.update_squares}
 
     @reported
     def esbox_state_dict(self) -> bytes:
@@ -158,9 +202,14 @@ class EsboxWorkerExtension:
 
     @reported
     def esbox_load_state_dict(self, data: bytes) -> None:
-        """Load a state dict (safetensors bytes) in place."""
+        """Load a state dict (safetensors bytes) in place; a tensor-parallel worker takes its
+        blocks of the logical tensors."""
+        space = self._esbox()
+        tensors = unpack_tensors(data)
+        if isinstance(space, ShardedTensorSpace):
+            tensors = shard_state(tensors, space.blocks)
         with torch.inference_mode():
-            self._esbox().load_state_dict(unpack_tensors(data))
+            space.load_state_dict(tensors)
 
     @reported
     def esbox_tensors(self, names: list[str] | None = None) -> bytes:
