@@ -176,11 +176,15 @@ class ShardedTensorSpace(ParameterSpace):
     def _layout(self, chunk_size: int) -> tuple[list[Chunk], list[Chunk]]:
         """Logical chunks that meet a block, each with the shard's slice it covers."""
         logical = chunk_layout([b.logical_numel for b in self.blocks], chunk_size)
+        offsets = [0]  # where each shard starts in this space's own flat layout
+        for block in self.blocks:
+            offsets.append(offsets[-1] + block.numel)
         local, drawn = [], []
         for chunk in logical:
-            low, high = self.blocks[chunk.tensor_index].local_range(chunk.start, chunk.stop)
+            index = chunk.tensor_index
+            low, high = self.blocks[index].local_range(chunk.start, chunk.stop)
             if high > low:
-                local.append(Chunk(chunk.tensor_index, chunk.chunk_index, low, high, -1))
+                local.append(Chunk(index, chunk.chunk_index, low, high, offsets[index] + low))
                 drawn.append(chunk)
         return local, drawn
 

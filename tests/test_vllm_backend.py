@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import os
+import re
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -265,17 +267,30 @@ def test_the_agent_loop_runs_on_the_vllm_backend(backend, model_dir):
 
 
 # -- a tensor-parallel engine: two CPU workers, each holding a block of every tensor ------------
-@pytest.fixture(scope="module")
-def tp_llm(model_dir):
-    """The same model on a ``tensor_parallel_size=2`` engine (its one KV head replicated on
-    both workers, the vocabulary split unevenly: 64 and 38 real rows)."""
+@contextmanager
+def _one_cpu_a_worker():
+    """Bind each of two tensor-parallel CPU workers to its own CPU (vLLM's automatic binding
+    wants a NUMA node a worker); skips where there are fewer than two CPUs."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("a tensor-parallel CPU engine needs two CPUs, one a worker")
     _small_cpu_engines()
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{cpus[0]}|{cpus[1]}"  # vLLM binds one a worker
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{cpus[0]}|{cpus[1]}"
     try:
+        yield
+    finally:
+        if bind is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+
+
+@pytest.fixture(scope="module")
+def tp_llm(model_dir):
+    """The same model on a ``tensor_parallel_size=2`` engine (its one KV head replicated on
+    both workers, the vocabulary split unevenly: 64 and 38 real rows)."""
+    with _one_cpu_a_worker():
         engine = make_llm(
             str(model_dir),
             dtype="float32",
@@ -286,11 +301,6 @@ def tp_llm(model_dir):
             tensor_parallel_size=2,
             distributed_executor_backend="mp",
         )
-    finally:
-        if bind is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
     yield engine
     engine.llm_engine.engine_core.shutdown()
     del engine
@@ -341,3 +351,64 @@ def test_a_tensor_parallel_engine_generates_under_a_member_and_comes_back(tp_llm
 def test_a_tensor_parallel_engine_needs_the_logical_layout(tp_llm):
     with pytest.raises(ValueError, match="tensor-parallel engine needs layout='hf'"):
         VLLMSpace(tp_llm, layout="vllm")
+
+
+def test_optimize_trains_a_tensor_parallel_engine_from_the_config(model_dir, tmp_path):
+    """``problem.backend: vllm`` with ``problem.vllm.tensor_parallel_size: 2``: the shell runs
+    the config on a sharded engine and saves the trained model as a transformers folder."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from esbox.cli.main import cli
+
+    engine = "{tensor_parallel_size: 2, distributed_executor_backend: mp, enforce_eager: true, max_model_len: 512, max_num_seqs: 8}"  # noqa: E501
+    sets = {
+        "problem.kind": "llm",
+        "problem.model": str(model_dir),
+        "problem.backend": "vllm",
+        "problem.vllm": engine,
+        "problem.batch_size": 2,
+        "problem.max_new_tokens": 4,
+        "problem.task": "{kind: arithmetic, train_size: 8, heldout_size: 2}",
+        "problem.validation_every": 0,
+        "options.population": 4,
+        "options.subspaces": 2,
+        "options.sigma": 0.05,
+        "options.learning_rate": 0.01,
+        "options.weight_decay": 0.5,  # moves the weights even where every reward is 0
+        "budget.max_steps": 2,
+    }
+    args = ["optimize", "-q", "--strategy", "copes", "--out", str(tmp_path / "run")]
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    with _one_cpu_a_worker():
+        result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len([line for line in lines if '"step"' in line]) >= 2
+    saved = load_file(str(tmp_path / "run" / "model" / "model.safetensors"))
+    initial = load_file(str(model_dir / "model.safetensors"))
+    assert saved.keys() == initial.keys()
+    assert any(not torch.equal(saved[k], initial[k]) for k in saved)  # trained
+
+
+def test_the_vllm_section_is_checked_before_anything_loads(model_dir):
+    from esbox.adapters.problems import resolve_config
+    from esbox.adapters.problems.runs import check_strategy
+    from esbox.errors import ConfigError
+
+    def check(**problem):
+        raw = {
+            "strategy": "openai_es",
+            "problem": {"kind": "llm", "model": str(model_dir), **problem},
+        }
+        check_strategy(resolve_config(raw))
+
+    with pytest.raises(ConfigError, match=re.escape("set problem.backend: vllm")):
+        check(vllm={"tensor_parallel_size": 2})
+    with pytest.raises(ConfigError, match=re.escape("problem.vllm.dtype is set by esbox")):
+        check(backend="vllm", vllm={"dtype": "half"})
+    with pytest.raises(ConfigError, match=re.escape("vllm.tensor_parallel is not a vLLM")):
+        check(backend="vllm", vllm={"tensor_parallel": 2})
+    with pytest.raises(ConfigError, match=re.escape("(allowed: transformers, vllm)")):
+        check(backend="onnx")

@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -78,6 +78,8 @@ class VLLMSpace:
     :class:`~esbox.adapters.models.space.TorchModuleSpace`; ``layout`` picks the tensors
     the noise is defined over (see the module docstring).
     """
+
+    supports_low_rank: ClassVar[bool] = False  # low-rank populations need the batched HF model
 
     def __init__(
         self,

