@@ -39,6 +39,12 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--workers", type=int, default=2, help="Ray workers (default 2)")
     parser.add_argument(
+        "--no-driver-replica",
+        dest="driver_replica",
+        action="store_false",
+        help="scale.driver_replica: false (the driver keeps no replica and applies no update)",
+    )
+    parser.add_argument(
         "--llm-steps", type=int, default=None, help="timed LLM steps (default 3; --quick 1)"
     )
     parser.add_argument(
@@ -54,12 +60,15 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def measure_task(task: str, workers: int, steps: int, timeout: float) -> dict[str, Any]:
+def measure_task(
+    task: str, workers: int, steps: int, timeout: float, driver_replica: bool
+) -> dict[str, Any]:
     """The task in one process on one core, then on ``workers`` Ray workers; either result
     is ``{"failed": reason}`` when its child failed."""
     runs: dict[str, Any] = {}
     for name, count in (("single", 0), ("pool", workers)):
-        spec = {"task": task, "workers": count, "warmup": 1, "steps": steps}
+        spec = {"task": task, "workers": count, "warmup": 1, "steps": steps,
+                "driver_replica": driver_replica}  # fmt: skip
         try:
             runs[name] = measure.run_child(CHILD, spec, timeout=timeout)
         except RuntimeError as error:
@@ -161,7 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = measure.stopwatch()
     print("## Scale-out on Ray: one process on one core against Ray workers with one each\n")
     print(f"Environment: {measure.environment(1)}; {measure.versions(['ray'])}.", flush=True)
-    results = {t: measure_task(t, args.workers, steps[t], args.timeout) for t in tasks}
+    print(f"The driver keeps a replica: {'yes' if args.driver_replica else 'no'}.", flush=True)
+    results = {
+        t: measure_task(t, args.workers, steps[t], args.timeout, args.driver_replica)
+        for t in tasks
+    }
     text, tables = report(results, args.workers)
     print("\n" + text + "\n")
     written = measure.write_tables(args.csv, tables)

@@ -74,9 +74,12 @@ def kill_worker(pool: Any, index: int, delay: float) -> threading.Thread:
     return killer
 
 
-def child_scale(task: str, workers: int, warmup: int, steps: int) -> dict[str, Any]:
+def child_scale(
+    task: str, workers: int, warmup: int, steps: int, driver_replica: bool = True
+) -> dict[str, Any]:
     """Run ``task`` for ``warmup + steps + 1`` steps on ``workers`` Ray workers (0: in this
-    process, pinned to one core); times, traffic, the replacement and the final checksum."""
+    process, pinned to one core; ``driver_replica``: ``scale.driver_replica``); times,
+    traffic, the replacement and the final checksum."""
     from benchmarks.quality_runs import init_worker
 
     init_worker()  # one thread in every numeric library, here and in the workers
@@ -88,10 +91,9 @@ def child_scale(task: str, workers: int, warmup: int, steps: int) -> dict[str, A
     config, overrides = TASKS[task]
     total = warmup + steps + 1
     started = measure.stopwatch()
-    session = load_run(
-        measure.ROOT / config,
-        [*overrides, f"budget.max_steps={total}", f"scale.workers={workers}", "scale.cpus=1"],
-    )
+    pool_sets = [f"scale.workers={workers}", "scale.cpus=1",
+                 f"scale.driver_replica={str(driver_replica).lower()}"]  # fmt: skip
+    session = load_run(measure.ROOT / config, [*overrides, f"budget.max_steps={total}", *pool_sets])
     result: dict[str, Any] = {"start_seconds": started()}
     try:
         runner = session.runner()

@@ -22,7 +22,7 @@ class ExplicitSpecs:
 
     _flat: list[torch.Tensor]
     _master: dict[int, torch.Tensor]
-    _backup: dict[int, torch.Tensor] | None
+    _invalidate_backup: Callable[[], None]  # ParameterSpace: the backup is stale
     chunks: list[Chunk]
     _reference: Callable[[int], torch.Tensor]  # ParameterSpace's exact backup or fp32 master
     update_squares: list[float]
@@ -66,6 +66,6 @@ class ExplicitSpecs:
             change = float(part.square().sum())
             squares[chunk.tensor_index] += change
             squared += change
-        self._backup = None
+        self._invalidate_backup()
         self.update_squares = squares
         return math.sqrt(squared)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from esbox.errors import ResumeError
@@ -14,7 +16,7 @@ class SavedSpace:
 
     _flat: list[torch.Tensor]
     _master: dict[int, torch.Tensor]
-    _backup: dict[int, torch.Tensor] | None
+    _invalidate_backup: Callable[[], None]  # ParameterSpace: the backup is stale
     _optimizer: ChunkOptimizer
     _scales: CoordinateScales
     _table_size: int
@@ -54,4 +56,4 @@ class SavedSpace:
         }
         self._optimizer.load_state_dict(optimizer, int(tensors["optimizer_steps"][0]))
         self._scales.load_state_dict(tensors)
-        self._backup = None
+        self._invalidate_backup()

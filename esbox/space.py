@@ -15,6 +15,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from esbox.backup import ExactBackup
 from esbox.chunks import Chunk, chunk_layout
 from esbox.explicit import ExplicitSpecs
 from esbox.lowrank import refuse_low_rank
@@ -80,7 +81,7 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
                 for i, t in enumerate(self._flat)
                 if t.dtype in LOW_PRECISION
             }
-        self._backup: dict[int, torch.Tensor] | None = None
+        self._backup = ExactBackup(self.backup_device)
         self._optimizer = ChunkOptimizer()
         self._scales = CoordinateScales(self._flat)  # per-coordinate noise scales (SNES)
         largest = max((chunk.numel for chunk in self._drawn), default=1)
@@ -114,18 +115,16 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
     # -- exact backup -------------------------------------------------------------------------
     def _ensure_backup(self) -> None:
         """Back up full-precision tensors once per step (low-precision ones have a master)."""
-        if self._backup is None:
-            self._backup = {
-                i: t.to(device=self.backup_device, copy=True)
-                for i, t in enumerate(self._flat)
-                if i not in self._master
-            }
+        self._backup.fill(self._flat, self._master)
+
+    def _invalidate_backup(self) -> None:
+        """The parameters moved (an update, a load): the next sweep refills the backup."""
+        self._backup.stale = True
 
     def _reference(self, tensor_index: int) -> torch.Tensor:
         """The exact unperturbed values of a tensor: its fp32 master or its backup."""
         if tensor_index in self._master:
             return self._master[tensor_index]
-        assert self._backup is not None
         return self._backup[tensor_index]
 
     def _restore(self) -> None:
@@ -342,7 +341,7 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
             pairs = [(c, t.seed) for c in self.chunks for t in terms]
             noise = self._member_noise(update.run_seed, update.step, pairs)
             self._scales.move(self.chunks, terms, noise)
-        self._backup = None
+        self._invalidate_backup()
         self.update_squares = squares
         return math.sqrt(squared)
 

@@ -1,6 +1,6 @@
-"""The scale suite's ``--quick`` path on the cheap function: one process against 2 Ray workers,
-a table with its columns, the CSV files, and a pooled run (with a worker killed) that ends
-bit-identical to the one-process run."""
+"""The scale suite's ``--quick`` path on the cheap function: one process against 2 Ray workers
+(with and without the driver's replica), a table with its columns, the CSV files, and a pooled
+run (with a worker killed) that ends bit-identical to the one-process run."""
 
 from __future__ import annotations
 
@@ -17,19 +17,23 @@ pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quick_scale_on_the_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("driver_replica", [True, False], ids=["driver-replica", "workers-only"])
+def test_quick_scale_on_the_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, driver_replica: bool
+) -> None:
     monkeypatch.syspath_prepend(str(ROOT))  # benchmarks is not installed: it imports from there
     from benchmarks.scale import HEADERS, PROFILE_HEADERS
 
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "scale", "--quick", "--tasks", "rastrigin",
-         "--out", str(out)],
+         "--out", str(out), *([] if driver_replica else ["--no-driver-replica"])],
         capture_output=True, text=True, cwd=tmp_path, timeout=180, check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
+    assert f"The driver keeps a replica: {'yes' if driver_replica else 'no'}." in lines
     header = "| " + " | ".join(HEADERS) + " |"
     assert header in lines, proc.stdout
     cells = [c.strip() for c in lines[lines.index(header) + 2].strip("|").split("|")]

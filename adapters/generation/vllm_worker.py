@@ -138,12 +138,12 @@ class EsboxWorkerExtension:
                 "tensors, which every worker draws and writes its part of)"
             )
         shapes = self._hf_shapes(self.vllm_config)  # type: ignore[attr-defined]
+        check_not_repacked([(n, p.data) for n, p in model.named_parameters()])
         shards = tensor_parallel_shards(model)
         check_logical_shapes(shards, shapes)
         by_name = {name: (tensor, block) for name, tensor, block in shards}
         ordered = [(name, by_name[name][0]) for name in shapes]
         chosen = select(ordered, include, exclude)
-        check_not_repacked(chosen)
         space = ShardedTensorSpace([(n, t, by_name[n][1]) for n, t in chosen], **options)
         return space, shapes
 

@@ -31,7 +31,7 @@ class LowRankSpecs:
 
     _flat: list[torch.Tensor]
     _master: dict[int, torch.Tensor]
-    _backup: dict[int, torch.Tensor] | None
+    _invalidate_backup: Callable[[], None]  # ParameterSpace: the backup is stale
     _optimizer: ChunkOptimizer
     _perturbed: bool
     chunks: list[Chunk]
@@ -145,7 +145,7 @@ class LowRankSpecs:
         squared = 0.0
         for i, pairs in weighted.items():
             squared += self._step_matrix(update, i, pairs)
-        self._backup = None
+        self._invalidate_backup()
         return math.sqrt(squared)
 
     def _step_matrix(self, update: Update, i: int, pairs: Sequence[tuple[int, float]]) -> float:
