@@ -188,8 +188,9 @@ def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> 
     try:
         with guarded(runner):
             reason = runner.run()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the step that was ending is checkpointed: log it too
         reason = "interrupted"
+        logger.rewrite(runner.history)
     except RewardError as exc:  # the objective is broken: stop, keep what was done, exit 3
         reason, error = "bad_rewards", str(exc)
     except PoolError as exc:  # workers lost beyond scale.retries: the last checkpoint stands

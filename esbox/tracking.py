@@ -2,7 +2,8 @@
 
 Each line is written and flushed as soon as the step ends, so a killed run keeps every
 finished step. Non-finite numbers are written as ``null`` (strict JSON). After a resume the
-file is rewritten from the checkpoint's history, dropping steps the checkpoint did not see.
+file is rewritten from the checkpoint's history, dropping steps the checkpoint did not see, and
+so is it after Ctrl-C (which checkpoints a step that ended before its callbacks logged it).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class MetricsLogger:
         self._handle.flush()
 
     def rewrite(self, history: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the file atomically by the records of ``history`` (used after a resume)."""
+        """Replace the file atomically by the records of ``history`` (after a resume or an
+        interrupt)."""
         self.close()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")

@@ -393,6 +393,8 @@ def test_interrupt_during_an_update_is_held_until_the_step_ends(tmp_path):
     summary = execute(session, out, quiet=True, resume=False)
     assert summary["status"] == "interrupted"
     assert summary["steps"] == 4 and summary["evaluations"] == 4 * 8
+    # the interrupt came before the step's callbacks: its metrics line is written all the same
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3]
     run_ok("resume", "-q", str(out))
     run_ok("optimize", "-q", *TINY, "--out", str(tmp_path / "straight"))
     same_run(out, tmp_path / "straight")
