@@ -194,8 +194,9 @@ class ShardedTensorSpace(ParameterSpace):
         return sum(b.logical_numel for b in self.blocks)
 
     def _take(self, chunk: Chunk, values: torch.Tensor, slot: str) -> torch.Tensor:
-        """The shard's part of a drawn chunk's ``values`` (a view, or a reused buffer of
-        ``slot``: two noise buffers alternate, so a noise and a mask can be held together)."""
+        """The shard's part of a drawn chunk's ``values``: a view, or a gather into one of the
+        ``slot``'s two buffers, used in turn (a noise and a mask have their own slots, and the
+        value returned last stays valid while the next one is gathered)."""
         block = self.blocks[chunk.tensor_index]
         if block.full_width:
             return block.take(values, self._drawn_of[chunk].start)

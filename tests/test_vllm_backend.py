@@ -135,20 +135,29 @@ def test_greedy_generation_follows_the_perturbation_and_comes_back(space, backen
 
 
 def test_members_and_updates_match_a_transformers_space(space, hf_model):
-    hf = TorchModuleSpace(hf_model)
-    member = Perturbation(5, 2, 99, 0.05, subspace=1, num_subspaces=2)
-    with space.perturbed(member), hf.perturbed(member):
+    _follows_the_transformers_space(space, TorchModuleSpace(hf_model), hf_model)
+
+
+def _follows_the_transformers_space(space, hf, hf_model):
+    """A CoPES member (then an exact restore), an SGD and an Adam update give the vLLM space
+    bit-identical weights to the transformers space's (update norms equal to a rounding), and
+    interchangeable checkpoints."""
+
+    def same_weights():
         theirs = space.tensors()
         for name, param in hf_model.named_parameters():
             assert torch.equal(theirs[name], param.detach()), name
+
+    before = space.checksum()
+    member = Perturbation(5, 2, 99, 0.05, subspace=1, num_subspaces=2)
+    with space.perturbed(member), hf.perturbed(member):
+        same_weights()
+    assert space.checksum() == before  # restored exactly
     terms = tuple(Term(s, c) for s, c in ((1, 0.5), (2, -0.25), (3, 1.0)))
     for optimizer in (OptimizerSpec(), OptimizerSpec("adam")):
         update = Update(5, 2, terms, 0.01, optimizer)
-        assert space.apply(update) == pytest.approx(hf.apply(update), rel=1e-12)
-    theirs = space.tensors()
-    for name, param in hf_model.named_parameters():
-        assert torch.equal(theirs[name], param.detach()), name
-    # the two spaces' checkpoints are interchangeable
+        assert space.apply(update) == pytest.approx(hf.apply(update), rel=1e-9)
+    same_weights()
     hf_state, vllm_state = hf.state_dict(), space.state_dict()
     assert hf_state.keys() == vllm_state.keys()
     assert all(torch.equal(hf_state[k], vllm_state[k]) for k in hf_state)
@@ -319,22 +328,7 @@ def test_a_tensor_parallel_engine_is_perturbed_and_updated_like_the_whole_model(
     assert space.blocks[0] != space.blocks[1]
     initial, before = space.state_dict(), space.checksum()
     assert all(torch.equal(initial[k], v) for k, v in hf.state_dict().items())
-    member = Perturbation(5, 2, 99, 0.05, subspace=1, num_subspaces=2)
-    with space.perturbed(member), hf.perturbed(member):
-        theirs = space.tensors()
-        for name, param in hf_model.named_parameters():
-            assert torch.equal(theirs[name], param.detach()), name
-    assert space.checksum() == before
-    terms = tuple(Term(s, c) for s, c in ((1, 0.5), (2, -0.25), (3, 1.0)))
-    for optimizer in (OptimizerSpec(), OptimizerSpec("adam")):
-        update = Update(5, 2, terms, 0.01, optimizer)
-        assert space.apply(update) == pytest.approx(hf.apply(update), rel=1e-9)
-    theirs = space.tensors()
-    for name, param in hf_model.named_parameters():
-        assert torch.equal(theirs[name], param.detach()), name
-    hf_state, tp_state = hf.state_dict(), space.state_dict()
-    assert hf_state.keys() == tp_state.keys()
-    assert all(torch.equal(hf_state[k], tp_state[k]) for k in hf_state)
+    _follows_the_transformers_space(space, hf, hf_model)
     space.load_state_dict(initial)  # a logical checkpoint goes back into the shards
     assert space.checksum() == before
 
