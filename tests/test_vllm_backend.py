@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import re
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import pytest
@@ -61,21 +61,23 @@ def _small_cpu_engines() -> None:
         os.environ.setdefault(key, value)
 
 
+@contextmanager
+def _engine(model_dir, **options):
+    """A float32 eager engine of the tiny model, shut down afterwards."""
+    engine = make_llm(str(model_dir), dtype="float32", enforce_eager=True, seed=0, **options)
+    try:
+        yield engine
+    finally:
+        engine.llm_engine.engine_core.shutdown()
+        del engine
+        gc.collect()
+
+
 @pytest.fixture(scope="module")
 def llm(model_dir):
     _small_cpu_engines()
-    engine = make_llm(
-        str(model_dir),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=2048,
-        max_num_seqs=16,
-        seed=0,
-    )
-    yield engine
-    engine.llm_engine.engine_core.shutdown()
-    del engine
-    gc.collect()
+    with _engine(model_dir, max_model_len=2048, max_num_seqs=16) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
@@ -299,21 +301,13 @@ def _one_cpu_a_worker():
 def tp_llm(model_dir):
     """The same model on a ``tensor_parallel_size=2`` engine (its one KV head replicated on
     both workers, the vocabulary split unevenly: 64 and 38 real rows)."""
-    with _one_cpu_a_worker():
-        engine = make_llm(
-            str(model_dir),
-            dtype="float32",
-            enforce_eager=True,
-            max_model_len=512,
-            max_num_seqs=8,
-            seed=0,
-            tensor_parallel_size=2,
-            distributed_executor_backend="mp",
-        )
-    yield engine
-    engine.llm_engine.engine_core.shutdown()
-    del engine
-    gc.collect()
+    options = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    with ExitStack() as stack:
+        with _one_cpu_a_worker():  # the workers bind their cores as they start
+            engine = stack.enter_context(
+                _engine(model_dir, max_model_len=512, max_num_seqs=8, **options)
+            )
+        yield engine
 
 
 def test_a_tensor_parallel_engine_is_perturbed_and_updated_like_the_whole_model(

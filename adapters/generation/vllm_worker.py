@@ -77,7 +77,10 @@ class EsboxWorkerExtension:
         config = self.vllm_config  # type: ignore[attr-defined]
         parallel = config.parallel_config
         if parallel.pipeline_parallel_size != 1:
-            raise NotImplementedError("esbox's vLLM space needs pipeline_parallel_size=1")
+            raise ValueError(
+                "pipeline_parallel_size must be 1: esbox's vLLM space does not follow layers "
+                "split across workers (tensor_parallel_size may be more than 1)"
+            )
         model = self.get_model()  # type: ignore[attr-defined]
         blocks: list[Block] | None = None
         if parallel.tensor_parallel_size > 1:
