@@ -56,7 +56,6 @@ class ExplicitSpecs:
     def _shift(self, shift: Sequence[float]) -> float:
         """``theta += shift`` (masters too); returns the L2 norm of the shift."""
         squares = [0.0] * len(self._flat)
-        squared = 0.0
         for chunk, part in self._explicit_chunks(shift, "an explicit update"):
             flat = self._flat[chunk.tensor_index]
             theta = self._master.get(chunk.tensor_index, flat)[chunk.start : chunk.stop]
@@ -65,7 +64,6 @@ class ExplicitSpecs:
                 flat[chunk.start : chunk.stop].copy_(theta)
             change = float(part.square().sum())
             squares[chunk.tensor_index] += change
-            squared += change
         self._invalidate_backup()
         self.update_squares = squares
-        return math.sqrt(squared)
+        return math.sqrt(sum(squares))

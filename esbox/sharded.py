@@ -247,6 +247,21 @@ def _tensor_index(key: str) -> int | None:
     return int(tail) if head and tail.isdigit() else None
 
 
+def assemble_tensor(
+    shards: Sequence[torch.Tensor], blocks: Sequence[Block], name: str
+) -> torch.Tensor:
+    """One flat logical tensor from its shards (``shards[r]`` holds ``blocks[r]``); raises
+    ValueError unless they cover all of it."""
+    whole = torch.empty(blocks[0].logical_numel, dtype=shards[0].dtype)
+    covered = torch.zeros(whole.numel(), dtype=torch.bool)
+    for shard, block in zip(shards, blocks, strict=True):
+        block.place(whole, shard)
+        block.place(covered, torch.ones(block.numel, dtype=torch.bool))
+    if not bool(covered.all()):
+        raise ValueError(f"the shards do not cover all of {name}")
+    return whole
+
+
 def assemble_state(
     states: Sequence[Mapping[str, torch.Tensor]], blocks: Sequence[Sequence[Block]]
 ) -> dict[str, torch.Tensor]:
@@ -257,16 +272,9 @@ def assemble_state(
         index = _tensor_index(key)
         if index is None:
             out[key] = first
-            continue
-        whole = torch.empty(blocks[0][index].logical_numel, dtype=first.dtype)
-        covered = torch.zeros(whole.numel(), dtype=torch.bool)
-        for state, shard_blocks in zip(states, blocks, strict=True):
-            block = shard_blocks[index]
-            block.place(whole, state[key])
-            block.place(covered, torch.ones(block.numel, dtype=torch.bool))
-        if not bool(covered.all()):
-            raise ValueError(f"the shards do not cover all of {key}")
-        out[key] = whole
+        else:
+            shards = [state[key] for state in states]
+            out[key] = assemble_tensor(shards, [b[index] for b in blocks], key)
     return out
 
 

@@ -301,7 +301,6 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
         pairs = [(c, t.seed) for c in self.chunks for terms in groups for t in terms]
         stream = self._member_noise(update.run_seed, update.step, pairs)
         squares = [0.0] * len(self._flat)
-        squared = 0.0
         for position, chunk in enumerate(self.chunks):
             flat = self._flat[chunk.tensor_index]
             theta = self._master.get(chunk.tensor_index, flat)[chunk.start : chunk.stop]
@@ -332,7 +331,6 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
             )
             change = float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
             squares[chunk.tensor_index] += change
-            squared += change
             theta.add_(delta.to(device=theta.device, dtype=theta.dtype))
             if chunk.tensor_index in self._master:
                 flat[chunk.start : chunk.stop].copy_(theta)
@@ -343,7 +341,7 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
             self._scales.move(self.chunks, terms, noise)
         self._invalidate_backup()
         self.update_squares = squares
-        return math.sqrt(squared)
+        return math.sqrt(sum(squares))
 
     def _update_scratch(
         self, device: torch.device, dtype: torch.dtype

@@ -284,7 +284,7 @@ def _one_cpu_a_worker():
     wants a NUMA node a worker); skips where there are fewer than two CPUs."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
-        pytest.skip("a tensor-parallel CPU engine needs two CPUs, one a worker")
+        pytest.skip(reason="a tensor-parallel CPU engine needs two CPUs, one a worker")
     _small_cpu_engines()
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{cpus[0]}|{cpus[1]}"

@@ -36,7 +36,7 @@ import torch
 from esbox.adapters.models.space import MODEL_CHUNK_SIZE
 from esbox.chunks import Chunk, chunk_layout
 from esbox.noise import DEFAULT_TABLE_SIZE, derive_seed
-from esbox.sharded import Block, assemble_state
+from esbox.sharded import Block, assemble_state, assemble_tensor
 from esbox.specs import Perturbation, Update
 
 from .backend import Prompt, TemplatedPrompts, truncate_at_stop
@@ -205,12 +205,15 @@ class VLLMSpace:
         wanted = list(names) if names is not None else None
         parts = [unpack_tensors(r) for r in self._rpc("esbox_tensors", wanted)]
         shapes = dict(zip(self.names, self.shapes, strict=True))
-        if self.blocks is not None:
-            index = {n: i for i, n in enumerate(self.names)}
-            states = [{f"{n}.{index[n]}": t for n, t in part.items()} for part in parts]
-            whole = assemble_state(states, self.blocks)
-            parts = [{n.rpartition(".")[0]: t for n, t in whole.items()}]
-        return {n: t.reshape(shapes[n]) for n, t in parts[0].items()}
+        if self.blocks is None:
+            return {n: t.reshape(shapes[n]) for n, t in parts[0].items()}
+        index = {n: i for i, n in enumerate(self.names)}
+        return {
+            n: assemble_tensor(
+                [part[n] for part in parts], [b[index[n]] for b in self.blocks], n
+            ).reshape(shapes[n])
+            for n in parts[0]
+        }
 
     def checksum(self, scope: str = "model") -> str:
         """sha256 of every model parameter's bytes (``"model"``) or of the space's tensors
