@@ -1,7 +1,10 @@
 """The transformers backend: batched ``generate`` with a causal LM, on CPU or GPU.
 
 One batched call per request, left padding, chat templates plus an assistant prefill, greedy by
-default, all under ``torch.inference_mode()``; no weights or KV state kept across calls.
+default, all under ``torch.inference_mode()``. The KV cache is written in place into buffers
+kept across calls (``kv_cache``); on a CPU, grouped-query attention runs without copies
+(``gqa_attention``) and glibc keeps freed memory (``allocator``): large batches then cost no
+page-fault churn.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from typing import Any
 
 from esbox.adapters.models.loading import require_transformers
 
+from .allocator import keep_freed_memory
 from .backend import Prompt, TemplatedPrompts, common_prefix_len, truncate_at_stop
+from .gqa_attention import use_gqa_attention
+from .kv_cache import KVBuffers, fill_prefix, reused_cache
 
 
 class HFBackend(TemplatedPrompts):
@@ -61,6 +67,11 @@ class HFBackend(TemplatedPrompts):
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else (min(self._eos_ids) if self._eos_ids else 0)
         self.ignore_eos = ignore_eos
+        self._kv_buffers = KVBuffers()
+        self._cache_name = _cache_argument(model)
+        if self._device().type == "cpu":
+            keep_freed_memory()
+            use_gqa_attention(model)
 
     def _collect_eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -170,16 +181,18 @@ class HFBackend(TemplatedPrompts):
             mask[j, shared + width - len(t) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         kwargs: dict[str, Any] = {}
+        cache = reused_cache(self.model, self._kv_buffers, ids.shape[1] + max_new_tokens)
         if shared:
             # one prefix row per group (its forward may differ), repeated over the group's rows
             prefix = ids[:1, :shared].repeat(groups, 1)
-            prefix_out = self.model(input_ids=prefix, use_cache=True)
-            # Recent transformers call the KV cache `cache`; older releases (to 5.19 at least)
-            # `past_key_values`. generate() takes it back under the name the model returned.
-            name = "cache" if getattr(prefix_out, "cache", None) is not None else "past_key_values"
-            cache = prefix_out[name]
-            cache.batch_repeat_interleave(len(rows) // groups)
-            kwargs[name] = cache
+            prefix_cache = self.model(input_ids=prefix, use_cache=True)[self._cache_name]
+            if cache is None:
+                prefix_cache.batch_repeat_interleave(len(rows) // groups)
+                cache = prefix_cache
+            else:
+                fill_prefix(cache, prefix_cache, len(rows) // groups)
+        if cache is not None:
+            kwargs[self._cache_name] = cache
         config = transformers.GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=not greedy,
@@ -208,6 +221,16 @@ class HFBackend(TemplatedPrompts):
             text = self.tokenizer.decode(seq[:end], skip_special_tokens=True)
             texts.append(truncate_at_stop(text, stop))
         return texts, count
+
+
+def _cache_argument(model: Any) -> str:
+    """The name under which ``model`` takes and returns its KV cache: recent transformers say
+    ``cache``, older releases (to 5.19 at least) ``past_key_values``."""
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    newer = "cache" in parameters and "past_key_values" not in parameters
+    return "cache" if newer else "past_key_values"
 
 
 @contextlib.contextmanager
