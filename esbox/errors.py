@@ -61,3 +61,27 @@ def unknown_key_message(kind: str, key: str, allowed: Iterable[str]) -> str:
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return f"unknown {kind} '{key}'{hint} (allowed: {', '.join(allowed)})"
+
+
+def check_foreign_keys(
+    section: Iterable[str],
+    where: str,
+    *,
+    own: dict[str, str] | None = None,
+    allowed: Iterable[str] | None = None,
+    what: str = "known key",
+) -> None:
+    """Keys of a section handed to another library's config class (vLLM's ``EngineArgs``,
+    TRL's ``GRPOConfig``): none that esbox sets itself (``own``: key -> where it comes from),
+    and, given ``allowed``, each one of its fields; the ConfigError names the key."""
+    for key in section:
+        if own and key in own:
+            raise ConfigError(f"{where}.{key} is set by esbox ({own[key]})")
+    if allowed is None:
+        return
+    allowed = sorted(allowed)
+    for key in section:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=3)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise ConfigError(f"{where}.{key} is not a {what}{hint}")

