@@ -17,7 +17,14 @@ from esbox.cli.run import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from esbox.runconfig import load_yaml
 from esbox.tracking import read_metrics
 
-X_AXES = (("step", "step"), ("evaluations", "evaluations"))
+# x-axes of the right-hand panels (the left one is always the step); GRPO runs have no
+# evaluations, ES runs without resource metrics no samples or CPU seconds
+X_AXES = {
+    "evaluations": "evaluations",
+    "samples": "samples generated",
+    "wall_seconds": "wall seconds",
+    "cpu_seconds": "CPU seconds",
+}
 
 
 @dataclass
@@ -104,10 +111,12 @@ def _figure(
     path: Path,
     *,
     log_y: bool = False,
+    x_axis: str = "evaluations",
 ) -> None:
-    """Two panels (vs steps, vs evaluations); ``series`` are (key, line style, legend suffix)."""
+    """Two panels (vs steps, vs ``x_axis``); ``series`` are (key, line style, legend suffix)."""
     fig, axes = _new_figure(runs, (11, 4.2), 1, 2, sharey=True)
-    for ax, (xkey, xlabel) in zip(axes, X_AXES, strict=True):
+    panels = (("step", "step"), (x_axis, X_AXES[x_axis]))
+    for ax, (xkey, xlabel) in zip(axes, panels, strict=True):
         for index, run in enumerate(runs):
             x = _values(run, xkey)
             for key, style, suffix in series:
@@ -122,25 +131,28 @@ def _figure(
     fig.savefig(path, dpi=110)
 
 
-def validation_points(run: RunData, key: str = "accuracy") -> list[tuple[int, int, float]]:
-    """(updates applied, evaluations, held-out ``val_<key>``): the baseline, then every
-    validation."""
+def validation_points(
+    run: RunData, key: str = "accuracy", x_axis: str = "evaluations"
+) -> list[tuple[int, float, float]]:
+    """(updates applied, the row's ``x_axis`` value, held-out ``val_<key>``): the baseline (at
+    0), then every validation."""
     name = f"val_{key}"
     baseline = run.summary.get("baseline") or {}
     points = [(0, 0, float(baseline[name]))] if baseline.get(name) is not None else []
     for row in run.metrics:
         if row.get(name) is not None:
             step = int(row.get("val_step", int(row["step"]) + 1))
-            points.append((step, int(row["evaluations"]), float(row[name])))
+            x = math.nan if row.get(x_axis) is None else float(row[x_axis])
+            points.append((step, x, float(row[name])))
     return points
 
 
-def _validation_figure(runs: list[RunData], path: Path) -> None:
-    """Held-out accuracy against updates and evaluations, one marked line per run."""
+def _validation_figure(runs: list[RunData], path: Path, x_axis: str) -> None:
+    """Held-out accuracy against updates and ``x_axis``, one marked line per run."""
     fig, axes = _new_figure(runs, (11, 4.2), 1, 2, sharey=True)
-    for ax, column, xlabel in zip(axes, (0, 1), ("updates", "evaluations"), strict=True):
+    for ax, column, xlabel in zip(axes, (0, 1), ("updates", X_AXES[x_axis]), strict=True):
         for index, run in enumerate(runs):
-            points = validation_points(run)
+            points = validation_points(run, x_axis=x_axis)
             ax.plot(
                 [p[column] for p in points],
                 [p[2] for p in points],
@@ -201,9 +213,10 @@ def _wide_positive(runs: list[RunData]) -> bool:
     return bool(values) and min(values) > 0 and max(values) / min(values) > 50
 
 
-def plot_runs(runs: list[RunData], out: Path) -> list[Path]:
+def plot_runs(runs: list[RunData], out: Path, x_axis: str = "evaluations") -> list[Path]:
     """Write reward.png (mean and max reward), best.png (best so far), for runs with a held-out
-    validation (LLM runs) validation.png and for agent runs agent.png; returns their paths."""
+    validation (LLM runs) validation.png and for agent runs agent.png, each against the step
+    and ``x_axis``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     reward, best = out / "reward.png", out / "best.png"
     _figure(
@@ -211,14 +224,15 @@ def plot_runs(runs: list[RunData], out: Path) -> list[Path]:
         [("reward_mean", "-", " mean"), ("reward_max", "--", " max")],
         "reward (higher is better)",
         reward,
+        x_axis=x_axis,
     )
     keys = {run.best_key() for run in runs}
     ylabel = "best value so far" if keys == {"best_value"} else "best so far"
-    _figure(runs, [("best", "-", "")], ylabel, best, log_y=_wide_positive(runs))
+    _figure(runs, [("best", "-", "")], ylabel, best, log_y=_wide_positive(runs), x_axis=x_axis)
     images = [reward, best]
     if any(validation_points(run) for run in runs):
         images.append(out / "validation.png")
-        _validation_figure(runs, images[-1])
+        _validation_figure(runs, images[-1], x_axis)
     if any(is_agent_run(run) for run in runs):
         images.append(out / "agent.png")
         _agent_figure(runs, images[-1])
@@ -314,7 +328,15 @@ def _labels(runs: list[RunData]) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Output folder (default: RUN_DIR/report for one run, reports/compare-<time> for several).",
 )
-def report(run_dirs: tuple[Path, ...], out: Path | None) -> None:
+@click.option(
+    "--x-axis",
+    type=click.Choice(list(X_AXES)),
+    default="evaluations",
+    show_default=True,
+    help="What the right-hand panels plot against (ES and GRPO runs overlay on samples, wall or "
+    "CPU seconds).",
+)
+def report(run_dirs: tuple[Path, ...], out: Path | None, x_axis: str) -> None:
     """Plot reward and best-so-far of RUN_DIRs (overlaid) and tabulate their final figures.
 
     LLM runs add held-out accuracy (validation.png); agent runs (problem.agent) add tool use
@@ -326,7 +348,7 @@ def report(run_dirs: tuple[Path, ...], out: Path | None) -> None:
     if out is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = run_dirs[0] / "report" if len(runs) == 1 else Path("reports") / f"compare-{stamp}"
-    images = plot_runs(runs, out)
+    images = plot_runs(runs, out, x_axis)
     text = table(runs)
     links = "\n".join(f"![{p.stem}]({p.name})" for p in images)
     (out / "report.md").write_text(f"# esbox report\n\n{text}\n\n{links}\n")

@@ -17,6 +17,7 @@ from esbox.adapters.models.space import MODEL_CHUNK_SIZE
 from esbox.config import option
 from esbox.errors import ConfigError
 from esbox.noise import DEFAULT_TABLE_SIZE
+from esbox.resources import ResourceUse
 from esbox.strategy import Strategy
 
 from .llm_backends import BACKENDS, check_backend, transformers_parts, vllm_parts
@@ -200,6 +201,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         callbacks.append(evaluator.add_metrics)
     if options.validation_every and checker is not None:
         callbacks.append(checker)
+    callbacks.append(ResourceUse(samples_per_evaluation=options.batch_size))  # after validation
     return LLMRun(
         space, evaluator, callbacks, parts.save, parts.model, tokenizer, task, proposer, start
     )
