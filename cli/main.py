@@ -9,6 +9,7 @@ import click
 import esbox
 from esbox.cli.errors import CLIError
 from esbox.cli.evaluate import evaluate_cmd
+from esbox.cli.grpo import grpo
 from esbox.cli.llm_commands import convert_model, memory_cmd
 from esbox.cli.optimize import optimize
 from esbox.cli.report import report
@@ -45,6 +46,7 @@ def cli() -> None:
 
 
 cli.add_command(optimize)
+cli.add_command(grpo)
 cli.add_command(resume)
 cli.add_command(report)
 cli.add_command(strategies)

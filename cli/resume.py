@@ -8,6 +8,7 @@ import click
 
 from esbox.checkpoint import latest_checkpoint
 from esbox.cli.errors import CLIError, user_errors
+from esbox.cli.grpo import resume_grpo
 from esbox.cli.run import (
     CHECKPOINTS,
     execute,
@@ -50,6 +51,8 @@ def resume(run_dir: Path, overrides: tuple[str, ...], quiet: bool) -> None:
                     f"--set {'.'.join(path)}: only budget.*, checkpoint.* and scale.* can change "
                     f"when resuming; start a new run to change anything else"
                 )
+        if "grpo" in raw:  # a GRPO run's config (esbox grpo)
+            return resume_grpo(run_dir, raw, overrides, quiet)
         raw = apply_overrides(raw, overrides)
     config = resolve_config(raw)
     _check_has_checkpoint(run_dir, config.checkpoint.every)

@@ -36,6 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "scale": set(),
     "nevergrad": set(),
     "problems": {"functions", "models", "generation", "tasks", "agents", "scale"},
+    "rl": {"problems", "tasks", "agents", "generation", "models"},
 }
 
 

@@ -1,5 +1,6 @@
 """Problems: what a run config's ``problem:`` section builds, and the whole run of a config (the
-top room: may import every other room; none imports it)."""
+top room of the ES side: may import every other room; only ``rl``, which builds GRPO runs from the
+same configs, imports it)."""
 
 from . import black_box, llm  # noqa: F401  (registers the problem kinds, in this order)
 from .llm import LLMProblemOptions, LLMRun, build_llm, resolve_model_path

@@ -69,8 +69,13 @@ class Session:
         self.resources.close()
 
 
+# sections of a config that ``esbox grpo`` reads (GRPO's side of a shared config); ES skips them
+RL_SECTIONS = ("grpo", "lora")
+
+
 def resolve_config(raw: dict[str, Any]) -> RunConfig:
     """Validate a raw config; the problem section is made independent of the working dir."""
+    raw = {key: value for key, value in raw.items() if key not in RL_SECTIONS}
     config = resolve(raw, problem_options())
     config.problem = normalize_problem(config.problem)
     return config
