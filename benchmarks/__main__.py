@@ -21,6 +21,7 @@ SUITES: dict[str, str] = {
     "copes": "benchmarks.copes",
     "scale": "benchmarks.scale",
     "lowrank": "benchmarks.lowrank",
+    "generation": "benchmarks.generation",
 }
 
 

@@ -270,3 +270,21 @@ def esbox_names() -> list[str]:
     import esbox
 
     return list(esbox.available_strategies())
+
+
+def test_generation_quick_on_a_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    pytest.importorskip("transformers")
+    from benchmarks import generation
+    from esbox.adapters.models.testing import save_tiny_lm
+
+    model = save_tiny_lm(tmp_path / "tiny")
+    argv = ["--quick", "--workloads", "arithmetic", "--model", str(model), "--out", str(tmp_path)]
+    assert generation.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "### arithmetic rollouts, float32, 1 thread(s)" in out
+    rows = read_csv(tmp_path / "generation_arithmetic_float32_1.csv")
+    assert [(row[0], row[1]) for row in rows[1:]] == [
+        (batch, arm) for batch in ("1", "4") for arm in ("reused", "before", "forward")
+    ]
+    assert all(float(row[2]) > 0 for row in rows[1:])  # tokens/s of every cell
+    assert "sys share at most" in out and "time per sequence" in out

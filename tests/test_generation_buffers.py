@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from esbox.adapters.generation import HFBackend, hf  # noqa: E402
+from esbox.adapters.generation import HFBackend  # noqa: E402
 from esbox.adapters.generation.gqa_attention import NAME, use_gqa_attention  # noqa: E402
 from esbox.adapters.generation.kv_cache import KVBuffers, reused_cache  # noqa: E402
 from esbox.adapters.models.testing import char_tokenizer, tiny_causal_lm  # noqa: E402
@@ -37,23 +37,18 @@ def _model(tokenizer, arch: str, dtype):
     return tiny_causal_lm(arch, len(tokenizer)).to(dtype)
 
 
-def _outputs_as_before(model, tokenizer, monkeypatch, **generate):
+def _outputs_as_before(model, tokenizer, **generate):
     """What the backend gave before issue 34: transformers' cache and ``sdpa`` attention."""
-    with monkeypatch.context() as patch:
-        patch.setattr(hf, "reused_cache", lambda *args: None)
-        patch.setattr(hf, "use_gqa_attention", lambda model: False)
-        model.set_attn_implementation("sdpa")
-        before = HFBackend(model, tokenizer).generate(PROMPTS, **generate)
-    return before
+    model.set_attn_implementation("sdpa")
+    return HFBackend(model, tokenizer, reuse_memory=False).generate(PROMPTS, **generate)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_greedy_outputs_are_the_same_as_before_at_every_batch_size(
-    tokenizer, monkeypatch, arch, dtype
-):
+def test_greedy_outputs_are_the_same_as_before_at_every_batch_size(tokenizer, arch, dtype):
     model = _model(tokenizer, arch, dtype)
-    before = _outputs_as_before(model, tokenizer, monkeypatch, max_new_tokens=12)
+    before = _outputs_as_before(model, tokenizer, max_new_tokens=12)
+    assert model.config._attn_implementation == "sdpa"
     for share_prefix in (True, False):
         for batch_size in (1, 3, 8, 16):
             backend = HFBackend(model, tokenizer, batch_size=batch_size, share_prefix=share_prefix)
@@ -61,9 +56,9 @@ def test_greedy_outputs_are_the_same_as_before_at_every_batch_size(
             assert backend.generate(PROMPTS, max_new_tokens=12) == before
 
 
-def test_grouped_rows_are_the_same_as_before(tokenizer, monkeypatch):
+def test_grouped_rows_are_the_same_as_before(tokenizer):
     model = _model(tokenizer, "llama", torch.float32)
-    before = _outputs_as_before(model, tokenizer, monkeypatch, max_new_tokens=10, groups=4)
+    before = _outputs_as_before(model, tokenizer, max_new_tokens=10, groups=4)
     after = HFBackend(model, tokenizer).generate(PROMPTS, max_new_tokens=10, groups=4)
     assert after == before
 

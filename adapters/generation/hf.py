@@ -42,6 +42,8 @@ class HFBackend(TemplatedPrompts):
       shared prefix runs once per group.
     * ``ignore_eos=True`` generates ``max_new_tokens`` for every row, EOS suppressed
       (fixed-work benchmarks).
+    * ``reuse_memory=False`` keeps transformers' growing cache, its attention and glibc's
+      malloc defaults: generation as before issue 34, for the side-by-side benchmark.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class HFBackend(TemplatedPrompts):
         min_shared_prefix: int = 4,
         chat_template: str | None = None,
         ignore_eos: bool = False,
+        reuse_memory: bool = True,
     ) -> None:
         require_transformers()
         self.model = model
@@ -67,9 +70,10 @@ class HFBackend(TemplatedPrompts):
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else (min(self._eos_ids) if self._eos_ids else 0)
         self.ignore_eos = ignore_eos
+        self.reuse_memory = reuse_memory
         self._kv_buffers = KVBuffers()
         self._cache_name = _cache_argument(model)
-        if self._device().type == "cpu":
+        if reuse_memory and self._device().type == "cpu":
             keep_freed_memory()
             use_gqa_attention(model)
 
@@ -181,7 +185,11 @@ class HFBackend(TemplatedPrompts):
             mask[j, shared + width - len(t) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         kwargs: dict[str, Any] = {}
-        cache = reused_cache(self.model, self._kv_buffers, ids.shape[1] + max_new_tokens)
+        cache = (
+            reused_cache(self.model, self._kv_buffers, ids.shape[1] + max_new_tokens)
+            if self.reuse_memory
+            else None
+        )
         if shared:
             # one prefix row per group (its forward may differ), repeated over the group's rows
             prefix = ids[:1, :shared].repeat(groups, 1)
