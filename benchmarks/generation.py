@@ -2,9 +2,10 @@
 
 On the shipped SmolLM2-135M, each cell in its own subprocess
 (:mod:`benchmarks.generation_children`), for batch sizes 1, 8, 16, 64 and 128 (every cell
-generates ``--sequences`` rows, or one batch where the batch is larger), single-turn arithmetic rollouts (32 new tokens a row, EOS ignored)
-and agent rollouts (examples/agent-math.yaml's tool-math task, calculator, 2 turns), in the
-dtypes and thread counts asked for. Three arms side by side:
+generates ``--sequences`` rows, or one batch where the batch is larger), single-turn
+arithmetic rollouts (32 new tokens a row, EOS ignored) and agent rollouts
+(examples/agent-math.yaml's tool-math task, calculator, 2 turns), in the dtypes and thread
+counts asked for. Three arms side by side:
 
 * ``reused``: HFBackend as shipped (KV buffers kept across calls, copy-free GQA attention on
   the CPU, glibc keeping freed memory);
