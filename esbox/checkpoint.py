@@ -2,7 +2,8 @@
 
 Layout: ``DIR/step-00000010/{tensors.safetensors,state.json}`` plus ``DIR/latest`` naming the
 newest. A checkpoint is written to a temporary folder and renamed into place, and ``latest``
-is replaced atomically, so a crash mid-write leaves the previous checkpoint intact.
+is replaced atomically, so a crash mid-write leaves the previous checkpoint intact (and a
+temporary entry, which the next write or resume removes).
 """
 
 from __future__ import annotations
@@ -30,16 +31,35 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def remove_partial_writes(directory: str | os.PathLike) -> None:
+    """Delete what a write killed midway left in ``directory``: temporary checkpoint folders
+    and the temporary files of ``latest`` and the history."""
+    prefixes = (".step-", f".{LATEST}.", f".{HISTORY}.")
+    root = Path(directory)
+    for path in root.glob(".*") if root.is_dir() else ():
+        if path.name.startswith(prefixes) and path.is_dir():
+            shutil.rmtree(path)
+        elif path.name.startswith(prefixes):
+            path.unlink()
+
+
 def save_checkpoint(
     directory: str | os.PathLike,
     step: int,
     tensors: dict[str, torch.Tensor],
     state: dict[str, Any],
     keep: int | None = None,
+    every: int = 0,
 ) -> Path:
-    """Write one checkpoint atomically and point ``latest`` at it; keep the newest ``keep``."""
+    """Write one checkpoint atomically and point ``latest`` at it; keep the newest ``keep``.
+
+    With ``every``, an older checkpoint off that schedule (written as a run ended or was
+    interrupted) goes too, so a resumed or extended run keeps the checkpoints of a run that
+    never stopped.
+    """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
+    remove_partial_writes(root)
     name = f"step-{step:08d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
     try:
@@ -53,9 +73,14 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _write_atomic(root / LATEST, name)
-    if keep is not None:
-        for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+    kept = []
+    for old in sorted(p for p in root.glob("step-*") if p.is_dir()):
+        if every and old != final and int(old.name.removeprefix("step-")) % every:
             shutil.rmtree(old)
+        else:
+            kept.append(old)
+    for old in kept[:-keep] if keep is not None else ():
+        shutil.rmtree(old)
     return final
 
 

@@ -19,6 +19,7 @@ from esbox.checkpoint import (
     append_history,
     load_checkpoint,
     read_history,
+    remove_partial_writes,
     save_checkpoint,
 )
 from esbox.errors import ConfigError, ResumeError, RewardError, check_reward_values
@@ -98,7 +99,9 @@ class Runner:
     """Drives one run; owns the evaluation count, wall time, metrics history and checkpoints.
 
     A callback ``cb(runner, metrics)`` runs after every step; returning True stops the run.
-    Every ``checkpoint_every`` steps (and on Ctrl-C) the full state is written atomically.
+    Every ``checkpoint_every`` steps (and on Ctrl-C) the full state is written atomically, with
+    the state of each callback that has ``state_dict()``/``load_state_dict()``. A step whose
+    callbacks an interrupt cut short is checkpointed as such; its callbacks run on resume.
     """
 
     def __init__(
@@ -136,6 +139,7 @@ class Runner:
         self.elapsed = 0.0
         self.history: list[dict[str, Any]] = []
         self._history_saved = 0
+        self._unfinished: dict[str, Any] | None = None  # a step whose callbacks have not all run
         self.stop_reason: str | None = None
 
     # -- stopping ------------------------------------------------------------------------------
@@ -152,7 +156,8 @@ class Runner:
 
     # -- one step ----------------------------------------------------------------------------------
     def step(self) -> dict[str, Any]:
-        """One generation; returns its metrics (also appended to ``history``)."""
+        """One generation; returns its metrics (also appended to ``history``), whose callbacks
+        are pending until ``run`` has run them."""
         start = time.perf_counter()
         perturbations = self.strategy.ask()
         rewards = self.evaluator.evaluate(self.space, perturbations)
@@ -170,6 +175,7 @@ class Runner:
             if best is not None:
                 metrics["best_value"] = best
             self.history.append(metrics)
+            self._unfinished = metrics
         return metrics
 
     def _check_rewards(self, rewards: Any, population: int) -> None:
@@ -209,20 +215,13 @@ class Runner:
                     cb.on_start(self)
         bar = self._progress_bar()
         try:
-            while (reason := self._budget_reason()) is None:
-                metrics = self.step()
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(
-                        best=f"{metrics.get('best_value', metrics['best_reward']):.4g}",
-                        evals=self.evaluations,
-                    )
-                stop = any([bool(cb(self, metrics)) for cb in self.callbacks])
-                if self.checkpoint_every and self.strategy.step % self.checkpoint_every == 0:
-                    self.save()
-                if stop:
+            reason = None  # a step cut short before a resume gets its callbacks first
+            if self._unfinished is not None and self._finish_step(bar):
+                reason = "callback"
+            while reason is None and (reason := self._budget_reason()) is None:
+                self.step()
+                if self._finish_step(bar):
                     reason = "callback"
-                    break
         except KeyboardInterrupt:
             self.stop_reason = "interrupted"
             if self.checkpoint_dir is not None:
@@ -235,6 +234,22 @@ class Runner:
         if self.checkpoint_dir is not None and self.checkpoint_every:
             self.save()
         return reason
+
+    def _finish_step(self, bar: Any) -> bool:
+        """The callbacks and periodic checkpoint of the step that just ended; True to stop."""
+        metrics = self._unfinished
+        assert metrics is not None
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                best=f"{metrics.get('best_value', metrics['best_reward']):.4g}",
+                evals=self.evaluations,
+            )
+        stop = any([bool(cb(self, metrics)) for cb in self.callbacks])
+        self._unfinished = None
+        if self.checkpoint_every and self.strategy.step % self.checkpoint_every == 0:
+            self.save()
+        return stop
 
     def _progress_bar(self) -> Any:
         if not self.progress:
@@ -261,10 +276,23 @@ class Runner:
                 "evaluations": self.evaluations,
                 "elapsed": self.elapsed,
                 "history_length": len(self.history),
+                "callbacks_pending": self._unfinished is not None,
+                "nonfinite_streak": self._nonfinite_streak,
             },
+            "callbacks": {key: cb.state_dict() for key, cb in self._stateful_callbacks()},
             "next_seeds": self.strategy.peek_seeds(),
         }
         return tensors, state
+
+    def _stateful_callbacks(self) -> list[tuple[str, Any]]:
+        """(key, callback) of the callbacks with state: the class name, ``#2``... on repeats."""
+        found: list[tuple[str, Any]] = []
+        for cb in self.callbacks:
+            if hasattr(cb, "state_dict") and hasattr(cb, "load_state_dict"):
+                name = type(cb).__name__
+                repeats = sum(key.split("#")[0] == name for key, _ in found)
+                found.append((f"{name}#{repeats + 1}" if repeats else name, cb))
+        return found
 
     def save(self) -> Path:
         """Write a checkpoint of the current step to ``checkpoint_dir``.
@@ -285,12 +313,14 @@ class Runner:
                 tensors,
                 state,
                 keep=self.keep_checkpoints,
+                every=self.checkpoint_every,
             )
 
     def resume(self, path: str | Path) -> None:
         """Load the newest checkpoint under ``path`` and check the seed stream matches it."""
         path = Path(path)
         root = path.parent if (path / "state.json").is_file() else path
+        remove_partial_writes(root)
         tensors, state = load_checkpoint(path)
         self.strategy.load_state_dict(state["strategy"])
         if self.strategy.peek_seeds() != state["next_seeds"]:
@@ -311,5 +341,19 @@ class Runner:
             self.evaluator.load_state_dict(evaluator_state)
         runner = state["runner"]
         self.evaluations, self.elapsed = int(runner["evaluations"]), float(runner["elapsed"])
-        self.history = read_history(root, int(runner["history_length"]))
-        self._history_saved = len(self.history)
+        self._nonfinite_streak = int(runner.get("nonfinite_streak", 0))
+        saved = state.get("callbacks", {})  # older checkpoints kept no callback state
+        for key, cb in self._stateful_callbacks():
+            if key in saved:
+                cb.load_state_dict(saved[key])
+        length = int(runner["history_length"])
+        self.history = read_history(root, length)
+        self._history_saved = length
+        if runner.get("callbacks_pending", False):  # saved again once its callbacks have run
+            self._unfinished = self.history[-1]
+            self._history_saved = len(read_history(root, length - 1))
+
+    @property
+    def completed_history(self) -> list[dict[str, Any]]:
+        """The records of ``history`` whose step has had all its callbacks run."""
+        return self.history if self._unfinished is None else self.history[:-1]
