@@ -160,6 +160,13 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def remove_partial_files(directory: Path) -> None:
+    """Delete the temporary files of run-directory writes that a kill cut short."""
+    for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CONTEXT_FILE):
+        for path in directory.glob(f".{name}.*"):
+            path.unlink()
+
+
 # -- running --------------------------------------------------------------------------------------
 def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> dict[str, Any]:
     """Run (or continue) the session in ``directory``; returns the summary it writes."""
@@ -174,12 +181,14 @@ def execute(session: Session, directory: Path, *, quiet: bool, resume: bool) -> 
         keep_checkpoints=config.checkpoint.keep,
     )
     if resume:
+        remove_partial_files(directory)
         with user_errors("cannot resume: "):
             runner.resume(directory / CHECKPOINTS)
-        logger.rewrite(runner.history)
+        logger.rewrite(runner.completed_history)  # a step cut short is logged by its callbacks
+    first_step = len(runner.completed_history)
     with user_errors():
         trackers = open_trackers(
-            config.tracking, directory, first_step=session.strategy.step, config=to_dict(config)
+            config.tracking, directory, first_step=first_step, config=to_dict(config)
         )
     population = session.strategy.options.population
     bar = ProgressBar(session.budget, population, session.strategy.step, quiet=quiet)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,24 +45,40 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
 
 class TrajectoryLog:
-    """Appends trajectories to a JSONL file; a step written again (after a resume) replaces the
-    lines of that step and later ones, so the file matches the run."""
+    """Appends trajectories to a JSONL file; a step written again replaces the lines of that step
+    and later ones, so the file matches the run. A checkpoint keeps its ``size()``; a resume
+    ``truncate``s it back to that, dropping what a killed run wrote later (a torn line too)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.last_step = -1
-        if self.path.is_file():
-            steps = [json.loads(line)["step"] for line in self.path.read_text().splitlines()]
-            self.last_step = max(steps, default=-1)
+        self.last_step = max((step for _, step in self._lines()), default=-1)
+
+    def _lines(self) -> list[tuple[str, int]]:
+        """(line, step) of each complete record; a line torn by a kill is left out."""
+        if not self.path.is_file():
+            return []
+        found = []
+        for line in self.path.read_text(encoding="utf-8").split("\n"):  # not at U+2028
+            try:
+                found.append((line, int(json.loads(line)["step"])))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return found
+
+    def size(self) -> int:
+        """The file's length in bytes (0 before the first write)."""
+        return self.path.stat().st_size if self.path.is_file() else 0
+
+    def truncate(self, size: int) -> None:
+        """Cut the file back to its first ``size`` bytes (a checkpoint's ``size()``)."""
+        if self.size() > size:
+            os.truncate(self.path, size)
+            self.last_step = max((step for _, step in self._lines()), default=-1)
 
     def write(self, step: int, records: Sequence[dict[str, Any]]) -> None:
         if step <= self.last_step:
-            kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if json.loads(line)["step"] < step
-            ]
-            self.path.write_text("".join(f"{line}\n" for line in kept))
+            kept = [line for line, logged in self._lines() if logged < step]
+            self.path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
         with self.path.open("a", encoding="utf-8") as handle:
             for record in records:
                 handle.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")
@@ -101,6 +118,7 @@ class AgentEvaluator(BatchedRolloutEvaluator):
         self.truncation_penalty = truncation_penalty
         self.log, self.log_per_member = log, log_per_member
         self._step_trajectories: list[Trajectory] = []
+        self._figures: dict[str, float] = summarize([])
         self._records: list[dict[str, Any]] = []
 
     def trajectory_reward(self, trajectory: Trajectory, example: Example) -> float:
@@ -164,6 +182,7 @@ class AgentEvaluator(BatchedRolloutEvaluator):
             with space.sweep(perturbations) as members:
                 per_member = [self.run(batch, step, p.context) for p in members]
         self._step_trajectories = [t for ts in per_member for t in ts]
+        self._figures = summarize(self._step_trajectories)
         self._records = [
             {"member": i, "seed": p.seed, "scale": p.scale, "context": p.context,
              "question": _question(batch[j]), "gold": batch[j].answer,
@@ -177,8 +196,18 @@ class AgentEvaluator(BatchedRolloutEvaluator):
 
     def add_metrics(self, runner: Any, metrics: dict[str, Any]) -> None:
         """Runner callback: the step's tool-use figures as ``agent_*`` metrics."""
-        figures = summarize(self._step_trajectories)
-        metrics.update({f"agent_{k}": v for k, v in figures.items()})
+        metrics.update({f"agent_{k}": v for k, v in self._figures.items()})
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the step's figures (``add_metrics`` of a step an interrupt
+        cut short runs on resume) and the trajectory log's size."""
+        return {"figures": self._figures, "log_size": self.log.size() if self.log else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``; the trajectory log drops what was written after it."""
+        self._figures = dict(state.get("figures", self._figures))
+        if self.log is not None and state.get("log_size") is not None:
+            self.log.truncate(int(state["log_size"]))
 
 
 class AgentValidation(HeldoutValidation):

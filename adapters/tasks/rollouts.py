@@ -96,7 +96,8 @@ class HeldoutValidation:
 
     Adds ``val_accuracy``, ``val_mean_reward`` and ``val_pass@k`` (and ``val_step``, the number
     of updates applied) to the step's metrics, so they land in the run's metrics log (register
-    it before the logger). ``baseline`` holds the same figures before the first update.
+    it before the logger). ``baseline`` holds the same figures before the first update; it is
+    the callback's checkpointed state, so a resumed run still reports it.
     """
 
     def __init__(
@@ -128,6 +129,13 @@ class HeldoutValidation:
     def on_start(self, runner: Any) -> None:
         """Score the weights before any update (the baseline), kept in ``self.baseline``."""
         self.baseline = {"val_step": 0, **self.measure()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it: the baseline."""
+        return {"baseline": dict(self.baseline)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.baseline = dict(state.get("baseline", {}))
 
     def __call__(self, runner: Any, metrics: dict[str, Any]) -> None:
         if self.every and runner.strategy.step % self.every == 0:
