@@ -29,6 +29,7 @@ from esbox.adapters.tasks.base import Task
 from esbox.checkpoint import latest_checkpoint
 from esbox.cli.main import cli
 from esbox.errors import RewardError
+from esbox.evaluation import FunctionEvaluator
 from esbox.runner import Budget, Runner
 from esbox.space import VectorSpace
 
@@ -266,6 +267,28 @@ def test_a_resumed_run_stops_on_bad_rewards_where_a_straight_one_does(tmp_path) 
     with pytest.raises(RewardError, match="3 step"):
         resumed.run()
     assert resumed.strategy.step == 4  # the third such step in a row, as without the stop
+
+
+def test_a_checkpoint_from_before_the_callback_state_still_resumes(tmp_path) -> None:
+    def runner(steps: int, directory: Path) -> Runner:
+        space = VectorSpace(np.ones(6))
+        strategy = esbox.make_strategy("openai_es", space, population=4, sigma=0.1)
+        evaluator = FunctionEvaluator(lambda x: float(np.sum(x**2)))
+        options = {"checkpoint_dir": directory, "checkpoint_every": 2}
+        return Runner(space, strategy, evaluator, Budget(max_steps=steps), **options)
+
+    straight = runner(6, tmp_path / "straight")
+    straight.run()
+    runner(4, tmp_path / "old").run()
+    path = latest_checkpoint(tmp_path / "old") / "state.json"
+    state = json.loads(path.read_text())
+    del state["callbacks"], state["runner"]["callbacks_pending"]
+    del state["runner"]["nonfinite_streak"]
+    path.write_text(json.dumps(state))  # as esbox wrote it before issue 33
+    resumed = runner(6, tmp_path / "old")
+    resumed.resume(tmp_path / "old")
+    resumed.run()
+    assert np.array_equal(resumed.space.vector, straight.space.vector)
 
 
 # -- comparing run directories ------------------------------------------------------------------
