@@ -7,7 +7,8 @@ chosen so that its tokens equal what esbox's own backend encodes, or the build s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from esbox.adapters.generation.backend import TemplatedPrompts
@@ -15,6 +16,39 @@ from esbox.adapters.tasks.base import Example
 from esbox.errors import ConfigError
 
 EXAMPLE_COLUMN = "example"  # index into task.train, handed to the reward by TRL
+
+
+@dataclass
+class TrainingInputs:
+    """What TRL's trainer trains on: the dataset, the reward function, a ``rollout_func`` for
+    multi-turn runs, esbox's held-out validation and the step's extra figures (agent runs)."""
+
+    dataset: Any
+    reward: Any
+    validation: Any = None
+    rollout_func: Any = None
+    figures: Callable[[], dict[str, float]] | None = None
+
+
+def validation_options(problem: dict[str, Any]) -> dict[str, Any]:
+    """``HeldoutValidation``'s options from the problem section, as an ES run builds them."""
+    return {
+        "every": problem["validation_every"],
+        "limit": problem["validation_limit"] or None,
+        "num_samples": problem["validation_samples"],
+    }
+
+
+def single_turn(task: Any, backend: Any, problem: dict[str, Any]) -> TrainingInputs:
+    """One completion a prompt, scored by the task's reward; validation as in ES runs."""
+    from esbox.adapters.tasks.rollouts import HeldoutValidation
+
+    from .reward import TaskReward
+
+    validation = None
+    if problem["validation_every"]:
+        validation = HeldoutValidation(task, backend, **validation_options(problem))
+    return TrainingInputs(task_dataset(backend, task.train), TaskReward(task), validation)
 
 
 def trl_prompt(backend: TemplatedPrompts, example: Example) -> str:

@@ -28,22 +28,22 @@ class TaskReward:
     def __call__(
         self, prompts: Sequence[Any], completions: Sequence[str], example: Sequence[int], **_: Any
     ) -> list[float | None]:
-        rewards = [
-            self._one(c, self.task.train[i]) for c, i in zip(completions, example, strict=True)
-        ]
-        self.samples += len(rewards)
-        self._pending.extend(r for r in rewards if r is not None)
-        return rewards
+        pairs = zip(completions, example, strict=True)
+        return self.record([self._one(c, self.task.train[i]) for c, i in pairs])
 
-    def _one(self, completion: str, example: Any) -> float | None:
+    def _one(self, completion: str, example: Any) -> float:
         try:
-            value = float(self.task.reward(truncate_at_stop(completion, self.task.stop), example))
+            return float(self.task.reward(truncate_at_stop(completion, self.task.stop), example))
         except Exception:  # a broken reward must not stop training, as in ES rollouts
-            value = math.nan
-        if not math.isfinite(value):
-            self.errors += 1
-            return None
-        return value
+            return math.nan
+
+    def record(self, rewards: Sequence[float]) -> list[float | None]:
+        """Count and keep the rewards of a batch; TRL's form of them (None where not finite)."""
+        kept = [r if math.isfinite(r) else None for r in rewards]
+        self.samples += len(kept)
+        self.errors += sum(r is None for r in kept)
+        self._pending.extend(r for r in kept if r is not None)
+        return kept
 
     def drain(self) -> list[float]:
         """The rewards scored since the last call."""

@@ -13,6 +13,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,10 @@ class RunLog(TrainerCallback):
         validation: Any = None,
         *,
         max_seconds: float | None = None,
+        figures: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.directory, self.reward, self.validation = Path(directory), reward, validation
-        self.max_seconds = max_seconds
+        self.max_seconds, self.figures = max_seconds, figures
         self.logger = MetricsLogger(self.directory / "metrics.jsonl")
         self.history: list[dict[str, Any]] = []
         self.baseline: dict[str, Any] = {}
@@ -135,6 +137,7 @@ class RunLog(TrainerCallback):
             grad_norm=logs.get("grad_norm"),
             completion_tokens=logs.get("completions/mean_length"),
             reward_errors=self.reward.errors,
+            **(self.figures() if self.figures is not None else {}),
             **self._pending,
         )
         self._pending = {}

@@ -26,11 +26,13 @@ class GRPOTraining:
 
         self.spec, self.directory = run, Path(directory)
         self.parts = build_trainer(run, self.directory)
+        inputs = self.parts.inputs
         self.log = RunLog(
             self.directory,
-            self.parts.reward,
-            self.parts.validation,
+            inputs.reward,
+            inputs.validation,
             max_seconds=run.config.budget.max_seconds,
+            figures=inputs.figures,
         )
         trainer = self.parts.trainer
         for noisy in (PrinterCallback, ProgressCallback):  # TRL prints every log as a dict
@@ -84,7 +86,7 @@ class GRPOTraining:
             "problem": self.parts.label,
             "seed": self.spec.config.seed,
             "steps": self.parts.trainer.state.global_step,
-            "samples": self.parts.reward.samples,
+            "samples": self.parts.inputs.reward.samples,
             "best_reward": self.log.best_reward,
             **saved,
             "trainable_parameters": self.parts.trainable,
