@@ -81,7 +81,7 @@ def _reused_layer_class(dynamic_layer: type) -> type:
         def __init__(self, buffers: KVBuffers, index: int, capacity: int) -> None:
             super().__init__()
             self._buffers, self._index, self._capacity = buffers, index, capacity
-            self._length = 0
+            self._length, self._keys = 0, None
 
         def lazy_initialization(self, key_states: Any, value_states: Any, repeats: int = 1) -> None:
             self.dtype, self.device = key_states.dtype, key_states.device
@@ -105,7 +105,7 @@ def _reused_layer_class(dynamic_layer: type) -> type:
         def extend(self, key_states: Any, value_states: Any, repeats: int = 1) -> tuple[Any, Any]:
             """Write the new positions after the cached ones, each input row into ``repeats``
             consecutive rows (broadcast, no copy made); return the keys and values so far."""
-            if not self.is_initialized:
+            if self._keys is None:
                 self.lazy_initialization(key_states, value_states, repeats)
             end = self._length + key_states.shape[-2]
             if end > self._capacity:  # longer than planned: move to larger buffers once
