@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
     parser.add_argument("--threads", default="1,0", help="comma-separated; 0: every core")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset")
-    parser.add_argument("--sequences", type=int, default=32, help="rows a cell at least")
+    parser.add_argument("--sequences", type=int, default=16, help="rows a cell at least")
     parser.add_argument("--new-tokens", type=int, default=32, help="arithmetic tokens a row")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="local HF model folder")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per child")

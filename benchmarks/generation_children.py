@@ -6,7 +6,8 @@ growing cache and attention, glibc's defaults) or ``forward`` (one plain batched
 the same rows, prompt plus the tokens a row generates, with logits for those tokens: the
 limit). ``workload`` is ``arithmetic`` (single-turn, EOS ignored, fixed work) or ``agent``
 (examples/agent-math.yaml's tool-math rollouts, greedy, EOS honoured). A warm-up pass of the
-same shapes runs first, so the cell measures the steady state an ES run sees at every step.
+same batch shape runs first, so the cell measures the steady state an ES run sees at every
+step.
 """
 
 from __future__ import annotations
@@ -117,12 +118,14 @@ def forward(env: dict[str, Any], spec: dict[str, Any]) -> int:
 
 
 def serve(spec: dict[str, Any]) -> dict[str, Any]:
-    """Set up, run one warm-up pass, reset the peak, measure one pass."""
+    """Set up, run one warm-up batch, reset the peak, measure one pass over the examples."""
     if spec["arm"] not in ARMS or spec["workload"] not in WORKLOADS:
         raise ValueError(f"unknown generation cell {spec['arm']!r} / {spec['workload']!r}")
     env = setup(spec)
     run = forward if spec["arm"] == "forward" else generate
-    run(env, spec)
+    examples, env["examples"] = env["examples"], env["examples"][: spec["batch"]]
+    run(env, spec)  # warm-up: one batch of the cell's shape
+    env["examples"] = examples
     measure.settle()
     reset = measure.reset_peak()
     before, wall, cpu = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter(), 0.0
