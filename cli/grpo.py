@@ -61,10 +61,12 @@ def grpo(
     from esbox.adapters.rl import load_grpo_config
 
     with user_errors():
-        raw = load_yaml(config_path)
-        flags = [f"seed={seed}"] if seed is not None else []
-        flags += [f"output.dir='{out}'"] if out is not None else []
-        run = load_grpo_config(apply_overrides(raw, [*flags, *overrides]))
+        raw = apply_overrides(load_yaml(config_path), overrides)
+        if seed is not None:
+            raw["seed"] = seed
+        if out is not None:
+            raw["output"] = {**(raw.get("output") or {}), "dir": out}
+        run = load_grpo_config(raw)
     if dry_run:
         click.echo(dumps_yaml(run.to_dict()), nl=False)
         return
@@ -170,9 +172,12 @@ def resume_grpo(
         run = read_grpo_config(apply_overrides(raw, overrides))
     if overrides:
         write_run_config(run_dir, run)
-    if not (run_dir / "checkpoints").is_dir():
+    from esbox.adapters.rl.rundir import latest_checkpoint
+
+    if latest_checkpoint(run_dir / "checkpoints") is None:  # before the model loads
         raise CLIError(
-            f"cannot resume: {run_dir} has no checkpoints/; re-run it with: esbox grpo --config "
+            f"cannot resume: {run_dir / 'checkpoints'} holds no complete checkpoint (the run "
+            f"stopped before its first); re-run it with: esbox grpo --config "
             f"{run_dir / 'config.yaml'} --out {run_dir} --overwrite"
         )
     train(run, run_dir, quiet=quiet, resume=True)

@@ -129,11 +129,9 @@ def test_grpo_run_writes_an_es_run_directory(tiny_lm, tmp_path, digit_reward):
     es_run = invoke("optimize", "-q", "-c", str(config), "-s", "openai_es", "-o", str(es), *es_sets)
     assert es_run.exit_code == 0, es_run.output
     assert rows(es)[-1]["samples"] == 2 * 2 * 2 and rows(es)[-1]["cpu_seconds"] > 0
-    for axis in ("samples", "cpu_seconds"):
-        report = invoke("report", str(es), str(run), "--out", str(tmp_path / axis), "--x-axis",
-                        axis)  # fmt: skip
-        assert report.exit_code == 0, report.output
-        assert (tmp_path / axis / "validation.png").is_file()
+    report = invoke("report", str(es), str(run), "-o", str(tmp_path / "r"), "--x-axis", "samples")
+    assert report.exit_code == 0, report.output
+    assert (tmp_path / "r" / "validation.png").is_file()
     assert "| grpo |" in report.output and "| openai_es |" in report.output
 
 
@@ -223,3 +221,15 @@ def test_kill_9_resumes_from_the_last_complete_checkpoint(tiny_lm, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed"] and summary["steps"] == kept + 1
     assert summary["samples"] == (kept + 1) * 4
+
+
+def test_max_seconds_stops_after_a_step_and_resume_needs_a_checkpoint(tiny_lm, tmp_path):
+    budget = {"max_steps": 50, "max_seconds": 0.001, "max_evaluations": None}
+    config = write_config(tmp_path / "c.yaml", tiny_lm, budget=budget, checkpoint={"every": 0})
+    assert invoke("grpo", "-q", "-c", str(config), "--out", str(tmp_path / "r")).exit_code == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_seconds" and summary["steps"] == 1
+    assert (tmp_path / "r" / "checkpoints" / "checkpoint-1" / "esbox_state.json").is_file()
+    (tmp_path / "r" / "checkpoints" / "checkpoint-1" / "esbox_state.json").unlink()  # cut short
+    result = invoke("resume", str(tmp_path / "r"))
+    assert result.exit_code == 2 and "holds no complete checkpoint" in result.output

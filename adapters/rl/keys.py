@@ -78,6 +78,12 @@ def check_grpo(section: Any) -> dict[str, Any]:
     return values
 
 
+def grpo_default(name: str) -> Any:
+    """The default of ``trl.GRPOConfig``'s field ``name`` (e.g. ``num_generations``)."""
+    field = next(f for f in dataclasses.fields(require_trl().GRPOConfig) if f.name == name)
+    return field.default
+
+
 def check_lora(section: Any) -> dict[str, Any] | None:
     """The ``lora:`` section (None: full-parameter GRPO), checked against ``peft.LoraConfig``."""
     if section is None:

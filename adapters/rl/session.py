@@ -16,11 +16,10 @@ from esbox.adapters.problems import resolve_config, resolve_model_path
 from esbox.errors import ConfigError
 from esbox.runconfig import RunConfig, to_dict
 
-from .keys import check_grpo, check_lora, lora_config, require_trl
+from .keys import check_grpo, check_lora, grpo_default, lora_config, require_trl
 
 CHECKPOINTS = "checkpoints"
 ES_ONLY = ("strategy", "options")  # the ES side of a shared config
-NUM_GENERATIONS = 8  # TRL's default group size
 
 
 @dataclass
@@ -107,8 +106,13 @@ def read_grpo_config(raw: dict[str, Any]) -> GRPORun:
 def _batch(problem: dict[str, Any], grpo: dict[str, Any]) -> int:
     """Completions per device and micro-batch: ``problem.batch_size`` prompts per optimizer step,
     ``num_generations`` completions each, over ``gradient_accumulation_steps`` micro-batches."""
-    completions = problem["batch_size"] * grpo.get("num_generations", NUM_GENERATIONS)
-    accumulation = grpo.get("gradient_accumulation_steps", 1)
+    generations, accumulation = (
+        grpo.get(key, grpo_default(key))
+        for key in ("num_generations", "gradient_accumulation_steps")
+    )
+    if not isinstance(generations, int) or generations < 1:
+        raise ConfigError(f"grpo.num_generations must be a positive int, got {generations!r:.40}")
+    completions = problem["batch_size"] * generations
     if not isinstance(accumulation, int) or accumulation < 1 or completions % accumulation:
         raise ConfigError(
             f"grpo.gradient_accumulation_steps ({accumulation}) must divide problem.batch_size x "
@@ -163,7 +167,6 @@ class GRPOParts:
 
     trainer: Any
     tokenizer: Any
-    task: Any
     inputs: Any  # TrainingInputs: dataset, reward, validation, rollouts
     label: str
     trainable: int
@@ -216,7 +219,7 @@ def build_trainer(run: GRPORun, directory: Path) -> GRPOParts:
     backend.model = trainer.model
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     label = f"{Path(str(problem['model'])).name} on {problem['task'].get('kind', 'task')}"
-    return GRPOParts(trainer, tokenizer, task, inputs, label, trainable)
+    return GRPOParts(trainer, tokenizer, inputs, label, trainable)
 
 
 def save_model(parts: GRPOParts, directory: Path, lora: bool) -> dict[str, Any]:
