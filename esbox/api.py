@@ -15,9 +15,10 @@ from esbox.runner import Budget, Callback, Runner
 from esbox.space import DEFAULT_CHUNK_SIZE, VectorSpace
 
 
-@dataclass
+@dataclass(repr=False)
 class Result:
-    """What a run found and why it stopped."""
+    """What a run found and why it stopped. It prints as a short summary, as scipy's
+    ``OptimizeResult`` and pycma's result do; ``history`` holds every step's metrics."""
 
     x: np.ndarray
     best_x: np.ndarray | None
@@ -26,6 +27,21 @@ class Result:
     steps: int
     stop_reason: str
     history: list[dict[str, Any]] = field(default_factory=list)
+    strategy: str = ""
+
+    def __repr__(self) -> str:
+        fields = {
+            "best_value": f"{self.best_value:.6g}",
+            "evaluations": str(self.evaluations),
+            "steps": str(self.steps),
+            "stop_reason": self.stop_reason,
+            "strategy": self.strategy or "-",
+            "x": f"array of {self.x.size} ({self.x.dtype})",
+            "best_x": "None" if self.best_x is None else f"array of {self.best_x.size}",
+            "history": f"{len(self.history)} steps in .history (one dict of metrics a step)",
+        }
+        width = max(map(len, fields))
+        return "\n".join(f"{name:>{width}}: {value}" for name, value in fields.items())
 
 
 def optimize(
@@ -86,4 +102,5 @@ def optimize(
         steps=es.step,
         stop_reason=reason,
         history=runner.history,
+        strategy=strategy,
     )
