@@ -70,20 +70,25 @@ def training(model: Path, out: Path, **sections) -> GRPOTraining:
 
 
 def test_a_trajectory_is_one_stream_with_tool_results_masked(tiny_lm, tmp_path):
-    rollouts = training(tiny_lm, tmp_path / "run").parts.inputs.rollout_func
+    limits = {"tools": ["calculator"], "max_new_tokens": 64, "max_tokens": 256, "prefill": PREFILL}
+    problem = {**agent_config(tiny_lm, tmp_path)["problem"], "agent": limits}
+    rollouts = training(tiny_lm, tmp_path / "run", problem=problem).parts.inputs.rollout_func
     tokenizer = rollouts.tokenizer
     question = [{"role": "user", "content": "What is 6 times 7?"}]
     call = PREFILL + '6 * 7"}}</tool_call>'
-    trajectory = Trajectory([*question, {"role": "assistant", "content": call},
-                             {"role": "tool", "name": "calculator", "content": "42"},
-                             {"role": "assistant", "content": "<answer>42</answer>"}])  # fmt: skip
-    prompt, completion, mask = rollouts.stream(trajectory)
+    messages = [*question, {"role": "assistant", "content": call},
+                {"role": "tool", "name": "calculator", "content": "42"},
+                {"role": "assistant", "content": "<answer>42</answer>"}]  # fmt: skip
+    prompt, completion, mask = rollouts.stream(Trajectory(messages, stop="answer", tokens=40))
     assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\n" + PREFILL)
-    written = tokenizer.decode([t for t, m in zip(completion, mask, strict=True) if m])
+    assert completion[-1] == tokenizer.eos_token_id and mask[-1] == 1  # it ended its answer
+    written = tokenizer.decode([t for t, m in zip(completion[:-1], mask, strict=False) if m])
     assert written == '6 * 7"}}</tool_call><answer>42</answer>'  # the model's own text only
     inserted = tokenizer.decode([t for t, m in zip(completion, mask, strict=True) if not m])
     assert "42" in inserted and "<tool_response>" in inserted and PREFILL not in inserted
     assert inserted.startswith("<|im_end|>")  # the turn's end, the result, the next header
+    cut = rollouts.stream(Trajectory(messages, stop="max_tokens", tokens=256))
+    assert cut[1] == completion[:-1]  # no end-of-turn token where a limit ended it
 
 
 def test_a_template_that_rewrites_assistant_turns_is_refused(tmp_path):
@@ -132,6 +137,7 @@ def test_tool_result_tokens_get_no_gradient_and_tool_use_is_logged(tiny_lm, tmp_
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["agent_tool_call_rate"] == 1.0  # the prefill opens a call every time
     assert rows[0]["agent_turns"] == 2.0 and "val_tool_call_rate" in rows[0]
-    assert rows[0]["completion_tokens"] == rows[0]["agent_trajectory_tokens"]  # mask-1 tokens
+    extra = rows[0]["completion_tokens"] - rows[0]["agent_trajectory_tokens"]  # mask-1 tokens:
+    assert 0 <= extra <= 1  # the model's own, with the end-of-turn token of closed answers
     report = CliRunner().invoke(cli, ["report", str(run), "-o", str(tmp_path / "r")])
     assert report.exit_code == 0 and (tmp_path / "r" / "agent.png").is_file()

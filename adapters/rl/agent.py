@@ -4,7 +4,8 @@ stream with a mask that keeps what the model did not write out of the loss.
 
 A trajectory's stream is the first turn's prompt (template and prefill), then per turn the
 model's text (mask 1) and the glue to the next turn's prompt: the end of the turn, the tool
-results and the next turn's header and prefill (mask 0). Each later prompt the loop renders
+results and the next turn's header and prefill (mask 0); an answer turn that the model ended
+itself ends with the end-of-turn token (mask 1). Each later prompt the loop renders
 must extend the stream as text, which holds for templates that render an assistant message as
 it was written; a template that rewrites it is refused when the trainer is built.
 """
@@ -93,7 +94,18 @@ class AgentRollouts:
                     )
                 glue = self._ids(following[len(text) :])
                 completion, mask, text = completion + glue, mask + [0] * len(glue), following
+        if self._ended_by_eos(trajectory, len(ids)):  # the model closed its answer turn
+            completion, mask = [*completion, self.tokenizer.eos_token_id], [*mask, 1]
         return prompt, completion, mask
+
+    def _ended_by_eos(self, trajectory: Trajectory, last: int) -> bool:
+        """Whether the final turn (``last`` tokens) stopped at the end-of-turn token: it gave
+        an answer with room left under the turn's and the trajectory's token limits."""
+        limits = self.loop.limits
+        room = min(limits.max_new_tokens, limits.max_tokens - (trajectory.tokens - last))
+        return (
+            trajectory.stop == "answer" and last < room and self.tokenizer.eos_token_id is not None
+        )
 
 
 def completion_logprobs(
