@@ -7,6 +7,9 @@ import resource
 import time
 from typing import Any
 
+# metrics measured rather than computed: they differ between otherwise bit-identical runs
+MEASURED_FIELDS = ("wall_seconds", "cpu_seconds", "peak_rss_mib")
+
 
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far, in MiB (Linux reports KiB)."""

@@ -24,6 +24,7 @@ from esbox.adapters.tasks import ArithmeticTask
 from esbox.adapters.tasks.proposers import ModelContextProposer, clean_context, meta_prompt
 from esbox.checkpoint import latest_checkpoint
 from esbox.cli.main import cli
+from esbox.resources import MEASURED_FIELDS
 from esbox.runner import Budget, Runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,7 +213,8 @@ def optimize(config: dict, path: Path, *args: str):
 
 def rows(run: Path) -> list[dict]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k != "wall_seconds"} for line in lines]
+    rows = [json.loads(line) for line in lines]
+    return [{k: v for k, v in row.items() if k not in MEASURED_FIELDS} for row in rows]
 
 
 def test_optimize_coevolves_contexts_logs_them_and_keeps_the_best(

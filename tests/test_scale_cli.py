@@ -36,6 +36,7 @@ from esbox.adapters.problems.runs import dry_run as check_run  # noqa: E402
 from esbox.adapters.scale import PoolError  # noqa: E402
 from esbox.cli.main import cli  # noqa: E402
 from esbox.errors import ConfigError  # noqa: E402
+from esbox.resources import MEASURED_FIELDS  # noqa: E402
 from esbox.runconfig import RunConfig, apply_overrides  # noqa: E402
 from esbox.specs import Term, Update  # noqa: E402
 
@@ -93,7 +94,7 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 
 def metrics(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k != "wall_seconds"} for row in rows]
+    return [{k: v for k, v in row.items() if k not in MEASURED_FIELDS} for row in rows]
 
 
 # -- the section, checked without Ray ------------------------------------------------------------
