@@ -16,9 +16,9 @@ from esbox.runconfig import apply_overrides, dumps_yaml, load_yaml
 
 EPILOG = """\b
 Examples:
-  esbox grpo --config examples/grpo-arith.yaml
+  esbox grpo --config examples/llm-arith-grpo.yaml
   esbox grpo --config examples/agent-math.yaml --set grpo.learning_rate=1e-6
-  esbox grpo --config examples/grpo-arith.yaml --set lora.r=8      # LoRA-GRPO
+  esbox grpo --config examples/llm-arith-grpo.yaml --set lora.r=8      # LoRA-GRPO
   esbox grpo --config run.yaml --dry-run      # check and print the resolved config
 
 \b
