@@ -224,6 +224,18 @@ def test_dry_run_fails_where_the_real_run_fails(tmp_path, setting, word) -> None
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("setting", "word"),
+    [("problem.task.families=[division]", "families"), ("problem.task.kind=nosuch", "nosuch")],
+)
+def test_dry_run_builds_the_task_of_an_llm_run(tmp_path, setting, word) -> None:
+    config = str(Path(__file__).resolve().parents[1] / "examples" / "agent-math.yaml")
+    result = invoke("optimize", "--config", config, "--set", setting, "--dry-run", cwd=tmp_path)
+    assert result.exit_code == 2, result.output
+    assert "problem.task" in result.output and word in result.output
+    assert invoke("optimize", "--config", config, "--dry-run", cwd=tmp_path).exit_code == 0
+
+
 def test_dry_run_evaluates_nothing(tmp_path) -> None:
     (tmp_path / "obj.py").write_text("def f(x):\n    raise SystemExit('evaluated')\n")
     problem = "problem={kind: callable, target: obj.py:f, x0: [1.0]}"

@@ -217,14 +217,16 @@ def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
-    """A noise table holds a whole chunk; the backend's options are valid; the agent section is
-    valid; a context proposer needs a strategy co-evolving at least two contexts."""
+    """A noise table holds a whole chunk; the backend's options are valid; the task builds; the
+    agent section is valid; a context proposer needs a strategy co-evolving at least two
+    contexts."""
     if problem["noise"] == "table" and problem["table_size"] < problem["chunk_size"]:
         raise ConfigError(
             f"problem.table_size ({problem['table_size']}) must be at least problem.chunk_size "
             f"({problem['chunk_size']}): each chunk's noise is one window of the table"
         )
     check_backend(problem)
+    _check_task(problem["task"])
     if problem["agent"]:
         from esbox.adapters.agents.config import agent_options
 
@@ -242,6 +244,20 @@ def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
             f"problem.context_proposer needs at least 2 options.contexts (the best is kept, "
             f"the worst replaced), got {len(contexts)}"
         )
+
+
+def _check_task(task: Any) -> None:
+    """Build the task (cheap: no model), so that a dry run catches what the real run would."""
+    from esbox.adapters.tasks.loading import load_task
+
+    try:
+        load_task(task)
+    except ConfigError as exc:
+        if str(exc).startswith("problem.task"):
+            raise
+        raise ConfigError(f"problem.task: {exc}") from None
+    except (ValueError, TypeError, OSError) as exc:
+        raise ConfigError(f"problem.task: {exc}") from None
 
 
 @problem_kind(
