@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from esbox.cli.budget_from import apply_overrides_with_budget, budget_from_options
 from esbox.cli.errors import CLIError, user_errors
 from esbox.cli.run import make_run_directory
 from esbox.runconfig import apply_overrides, dumps_yaml, load_yaml
@@ -20,6 +21,7 @@ Examples:
   esbox grpo --config examples/agent-math.yaml --set grpo.learning_rate=1e-6
   esbox grpo --config examples/llm-arith-grpo.yaml --set lora.r=8      # LoRA-GRPO
   esbox grpo --config run.yaml --dry-run      # check and print the resolved config
+  esbox grpo --config examples/agent-math.yaml --budget-from runs/agent-math-copes
 
 \b
 The config is an ES run config (its strategy and options are ignored) plus:
@@ -44,6 +46,7 @@ step), problem.max_new_tokens, checkpoint.every and keep, the run directory (doc
 @click.option("--overwrite", is_flag=True, help="Replace an existing run directory.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--dry-run", is_flag=True, help="Check and print the resolved config; run nothing.")
+@budget_from_options
 def grpo(
     config_path: Path,
     seed: int | None,
@@ -52,6 +55,8 @@ def grpo(
     overwrite: bool,
     quiet: bool,
     dry_run: bool,
+    budget_from: Path | None,
+    budget_at: str,
 ) -> None:
     """Post-train the config's model on its task by GRPO (TRL's GRPOTrainer; peft for LoRA).
 
@@ -61,7 +66,9 @@ def grpo(
     from esbox.adapters.rl import load_grpo_config
 
     with user_errors():
-        raw = apply_overrides(load_yaml(config_path), overrides)
+        raw = apply_overrides_with_budget(
+            load_yaml(config_path), list(overrides), budget_from, budget_at
+        )
         if seed is not None:
             raw["seed"] = seed
         if out is not None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from esbox.cli.budget_from import apply_overrides_with_budget, budget_from_options
 from esbox.cli.errors import user_errors
 from esbox.cli.run import (
     dry_run as check_run,
@@ -20,7 +21,7 @@ from esbox.cli.run import (
     write_config,
 )
 from esbox.registry import get_strategy
-from esbox.runconfig import apply_overrides, dumps_yaml, load_yaml, split_options
+from esbox.runconfig import dumps_yaml, load_yaml, split_options
 
 EPILOG = """\b
 Examples:
@@ -30,6 +31,7 @@ Examples:
                  --set budget.max_steps=300 --out runs/rosen
   esbox optimize --config run.yaml --dry-run      # print the resolved config
   esbox optimize --config examples/llm-arith.yaml --strategy esopt
+  esbox optimize --config examples/agent-math.yaml --budget-from runs/agent-math-grpo
 
 \b
 Main keys (all of them: docs/cli.md; strategy options: esbox strategies NAME):
@@ -74,6 +76,7 @@ Main keys (all of them: docs/cli.md; strategy options: esbox strategies NAME):
 @click.option("--overwrite", is_flag=True, help="Replace an existing run directory.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--dry-run", is_flag=True, help="Check and print the resolved config; run nothing.")
+@budget_from_options
 def optimize(
     config_path: Path | None,
     strategy: str | None,
@@ -83,6 +86,8 @@ def optimize(
     overwrite: bool,
     quiet: bool,
     dry_run: bool,
+    budget_from: Path | None,
+    budget_at: str,
 ) -> None:
     """Optimize a problem with an ES strategy; writes a run directory.
 
@@ -98,7 +103,7 @@ def optimize(
         settings = [
             f"{key}={_yaml_scalar(value)}" for key, value in flags.items() if value is not None
         ]
-        raw = apply_overrides(raw, [*settings, *overrides])
+        raw = apply_overrides_with_budget(raw, [*settings, *overrides], budget_from, budget_at)
     config = resolve_config(raw)
     if dry_run:
         check_run(config)

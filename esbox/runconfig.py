@@ -44,6 +44,13 @@ class BudgetConfig:
     max_seconds: float | None = option(
         None, "stop after this much wall time (not reproducible)", minimum=0, exclusive_minimum=True
     )
+    max_cpu_seconds: float | None = option(
+        None,
+        "stop after this much CPU time of the run's process, all threads (not reproducible; "
+        "equal-compute comparisons: esbox optimize --budget-from)",
+        minimum=0,
+        exclusive_minimum=True,
+    )
     max_nonfinite_steps: int = option(
         1,
         "stop the run as failed (exit 3) after this many steps in a row without a finite reward "
@@ -57,6 +64,7 @@ class BudgetConfig:
             "max_evaluations": self.max_evaluations,
             "max_steps": self.max_steps,
             "max_seconds": self.max_seconds,
+            "max_cpu_seconds": self.max_cpu_seconds,
         }
 
 
@@ -237,7 +245,7 @@ def _check_budget(budget: BudgetConfig) -> None:
     if all(v is None for v in budget.limits().values()):
         raise ConfigError(
             "budget needs at least one of budget.max_evaluations, budget.max_steps, "
-            "budget.max_seconds"
+            "budget.max_seconds, budget.max_cpu_seconds"
         )
 
 

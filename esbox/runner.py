@@ -32,20 +32,25 @@ Callback = Callable[["Runner", dict[str, Any]], Any]
 
 @dataclass(frozen=True)
 class Budget:
-    """When to stop: after this many evaluations, steps or seconds (whichever comes first)."""
+    """When to stop: after this many evaluations, steps, wall seconds or CPU seconds of this
+    process (whichever comes first)."""
 
     max_evaluations: int | None = None
     max_steps: int | None = None
     max_seconds: float | None = None
+    max_cpu_seconds: float | None = None
 
     def __post_init__(self) -> None:
         values = {
             "max_evaluations": self.max_evaluations,
             "max_steps": self.max_steps,
             "max_seconds": self.max_seconds,
+            "max_cpu_seconds": self.max_cpu_seconds,
         }
         if all(v is None for v in values.values()):
-            raise ConfigError("a budget needs max_evaluations, max_steps or max_seconds")
+            raise ConfigError(
+                "a budget needs max_evaluations, max_steps, max_seconds or max_cpu_seconds"
+            )
         for key, value in values.items():
             if value is not None and value <= 0:
                 raise ConfigError(f"budget {key} must be > 0, got {value}")
@@ -137,6 +142,7 @@ class Runner:
         self.progress = progress
         self.evaluations = 0
         self.elapsed = 0.0
+        self._cpu_offset, self._cpu_mark = 0.0, None  # the mark is set while ``run`` runs
         self.history: list[dict[str, Any]] = []
         self._history_saved = 0
         self._unfinished: dict[str, Any] | None = None  # a step whose callbacks have not all run
@@ -152,7 +158,15 @@ class Runner:
             return "max_evaluations"
         if b.max_seconds is not None and self.elapsed >= b.max_seconds:
             return "max_seconds"
+        if b.max_cpu_seconds is not None and self.cpu_seconds() >= b.max_cpu_seconds:
+            return "max_cpu_seconds"
         return None
+
+    def cpu_seconds(self) -> float:
+        """CPU time of this process (all threads) spent in ``run``, over every resume: steps,
+        callbacks such as validation, ``on_start``."""
+        running = 0.0 if self._cpu_mark is None else time.process_time() - self._cpu_mark
+        return self._cpu_offset + running
 
     # -- one step ----------------------------------------------------------------------------------
     def step(self) -> dict[str, Any]:
@@ -209,6 +223,13 @@ class Runner:
         evaluation) are called once before the first step.
         """
         self.check_budget()
+        self._cpu_mark = time.process_time()
+        try:
+            return self._run()
+        finally:
+            self._cpu_offset, self._cpu_mark = self.cpu_seconds(), None
+
+    def _run(self) -> str:
         if self.strategy.step == 0 and not self.history:
             for cb in self.callbacks:
                 if hasattr(cb, "on_start"):
@@ -275,6 +296,7 @@ class Runner:
             "runner": {
                 "evaluations": self.evaluations,
                 "elapsed": self.elapsed,
+                "cpu_seconds": self.cpu_seconds(),
                 "history_length": len(self.history),
                 "callbacks_pending": self._unfinished is not None,
                 "nonfinite_streak": self._nonfinite_streak,
@@ -342,6 +364,7 @@ class Runner:
         runner = state["runner"]
         self.evaluations, self.elapsed = int(runner["evaluations"]), float(runner["elapsed"])
         self._nonfinite_streak = int(runner.get("nonfinite_streak", 0))
+        self._cpu_offset = _saved_cpu_seconds(runner, root)
         saved = state.get("callbacks", {})  # older checkpoints kept no callback state
         for key, cb in self._stateful_callbacks():
             if key in saved:
@@ -357,3 +380,12 @@ class Runner:
     def completed_history(self) -> list[dict[str, Any]]:
         """The records of ``history`` whose step has had all its callbacks run."""
         return self.history if self._unfinished is None else self.history[:-1]
+
+
+def _saved_cpu_seconds(runner_state: dict[str, Any], root: Path) -> float:
+    """The CPU seconds a checkpoint recorded; a checkpoint older than that field resumes from
+    its last logged ``cpu_seconds`` (LLM runs logged it), else from 0."""
+    if "cpu_seconds" in runner_state:
+        return float(runner_state["cpu_seconds"])
+    rows = read_history(root, int(runner_state["history_length"]))
+    return float(rows[-1].get("cpu_seconds") or 0.0) if rows else 0.0

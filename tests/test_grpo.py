@@ -223,12 +223,15 @@ def test_kill_9_resumes_from_the_last_complete_checkpoint(tiny_lm, tmp_path):
     assert summary["samples"] == (kept + 1) * 4
 
 
-def test_max_seconds_stops_after_a_step_and_resume_needs_a_checkpoint(tiny_lm, tmp_path):
-    budget = {"max_steps": 50, "max_seconds": 0.001, "max_evaluations": None}
+@pytest.mark.parametrize("clock", ["max_seconds", "max_cpu_seconds"])
+def test_a_time_budget_stops_after_a_step_and_resume_needs_a_checkpoint(
+    tiny_lm, tmp_path, clock
+):
+    budget = {"max_steps": 50, clock: 0.001, "max_evaluations": None}
     config = write_config(tmp_path / "c.yaml", tiny_lm, budget=budget, checkpoint={"every": 0})
     assert invoke("grpo", "-q", "-c", str(config), "--out", str(tmp_path / "r")).exit_code == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert summary["stop_reason"] == "max_seconds" and summary["steps"] == 1
+    assert summary["stop_reason"] == clock and summary["steps"] == 1
     assert (tmp_path / "r" / "checkpoints" / "checkpoint-1" / "esbox_state.json").is_file()
     (tmp_path / "r" / "checkpoints" / "checkpoint-1" / "esbox_state.json").unlink()  # cut short
     result = invoke("resume", str(tmp_path / "r"))

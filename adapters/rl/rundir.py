@@ -40,8 +40,9 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 
 class RunLog(TrainerCallback):
-    """Writes the run's ``metrics.jsonl`` and checkpoint state; stops at ``max_seconds`` or when
-    :meth:`request_stop` was called (a signal), after a checkpoint at the step's end."""
+    """Writes the run's ``metrics.jsonl`` and checkpoint state; stops at ``max_seconds`` (wall),
+    ``max_cpu_seconds`` or when :meth:`request_stop` was called (a signal), after a checkpoint
+    at the step's end."""
 
     def __init__(
         self,
@@ -50,10 +51,11 @@ class RunLog(TrainerCallback):
         validation: Any = None,
         *,
         max_seconds: float | None = None,
+        max_cpu_seconds: float | None = None,
         figures: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.directory, self.reward, self.validation = Path(directory), reward, validation
-        self.max_seconds, self.figures = max_seconds, figures
+        self.max_seconds, self.max_cpu_seconds, self.figures = max_seconds, max_cpu_seconds, figures
         self.logger = MetricsLogger(self.directory / "metrics.jsonl")
         self.history: list[dict[str, Any]] = []
         self.baseline: dict[str, Any] = {}
@@ -110,6 +112,8 @@ class RunLog(TrainerCallback):
             self._pending = {"val_step": state.global_step, **self._measure(kwargs["model"])}
         if self.max_seconds is not None and self.wall_seconds() >= self.max_seconds:
             self.stop_reason = self.stop_reason or "max_seconds"
+        if self.max_cpu_seconds is not None and self.cpu_seconds() >= self.max_cpu_seconds:
+            self.stop_reason = self.stop_reason or "max_cpu_seconds"
         if self.stop_reason is not None:
             control.should_training_stop = True
         if control.should_training_stop or state.global_step >= state.max_steps:

@@ -50,7 +50,8 @@ def load_grpo_config(raw: dict[str, Any]) -> GRPORun:
     if budget.get("max_evaluations") is not None:
         raise ConfigError(
             "budget.max_evaluations counts ES members; a GRPO run stops at budget.max_steps "
-            "(optimizer steps) or budget.max_seconds: set budget.max_evaluations: null"
+            "(optimizer steps), budget.max_seconds or budget.max_cpu_seconds: set "
+            "budget.max_evaluations: null"
         )
     raw["budget"] = {**budget, "max_evaluations": None}
     config = resolve_config(raw)

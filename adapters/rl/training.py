@@ -32,6 +32,7 @@ class GRPOTraining:
             inputs.reward,
             inputs.validation,
             max_seconds=run.config.budget.max_seconds,
+            max_cpu_seconds=run.config.budget.max_cpu_seconds,
             figures=inputs.figures,
         )
         trainer = self.parts.trainer
