@@ -5,8 +5,8 @@ attention, glibc's freed memory kept), ``before`` (``reuse_memory=False``: trans
 growing cache and attention, glibc's defaults) or ``forward`` (one plain batched forward of
 the same rows, prompt plus the tokens a row generates, with logits for those tokens: the
 limit). ``workload`` is ``arithmetic`` (single-turn, EOS ignored, fixed work) or ``agent``
-(examples/agent-math.yaml's tool-math rollouts, greedy, EOS honoured). A warm-up pass of the
-same batch shape runs first, so the cell measures the steady state an ES run sees at every
+(examples/agent-math.yaml's tool-math rollouts, greedy, EOS honoured). A warm-up batch of the
+cell's shape runs first, so the cell measures the steady state an ES run sees at every
 step.
 """
 
