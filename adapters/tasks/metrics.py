@@ -96,13 +96,35 @@ def evaluate(
     number of questions of each batch once it is generated (e.g. a progress bar's update).
     """
     examples = task.split(split)[:limit]
-    if greedy is None:
-        greedy = num_samples == 1
     if ks is None:
         ks = sorted(
             {1, num_samples}
             | {2**i for i in range(num_samples.bit_length()) if 2**i <= num_samples}
         )
+    correct, rewards = score_examples(
+        task, backend, examples, num_samples=num_samples, greedy=greedy, seed=seed,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress,
+    )  # fmt: skip
+    return {**summarize(correct, rewards, ks=ks), "n": float(len(examples))}
+
+
+def score_examples(
+    task: Any,
+    backend: Any,
+    examples: Sequence[Any],
+    *,
+    num_samples: int = 1,
+    greedy: bool | None = None,
+    seed: int | None = 0,
+    max_new_tokens: int | None = None,
+    batch_size: int | None = 64,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[list[bool]], list[list[float]]]:
+    """``(correct, rewards)[question][sample]`` of ``num_samples`` completions a question
+    (greedy when 1 unless told otherwise), so that models can be compared question by
+    question."""
+    if greedy is None:
+        greedy = num_samples == 1
     step = batch_size or len(examples)
     completions: list[str] = []
     for i in range(0, len(examples), step):
@@ -123,4 +145,4 @@ def evaluate(
         outs = completions[j * num_samples : (j + 1) * num_samples]
         correct.append([task.is_correct(c, ex) for c in outs])
         rewards.append([task.reward(c, ex) for c in outs])
-    return {**summarize(correct, rewards, ks=ks), "n": float(len(examples))}
+    return correct, rewards
