@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ pytest.importorskip("tokenizers")
 import torch
 import yaml
 from click.testing import CliRunner
+from run_files import assert_same_files, report_table  # tests/run_files.py
 
 import esbox
 from esbox.adapters.models.testing import save_tiny_lm
@@ -39,7 +39,7 @@ IGNORED = {
     "summary.json": {"wall_seconds", "evaluations_per_second", "resumed", "run_dir", "model"},
     "metrics.jsonl": STEP_CLOCKS,
     "checkpoints/history.jsonl": STEP_CLOCKS,
-    "checkpoints/step-*/state.json": {"runner.elapsed"},
+    "checkpoints/step-*/state.json": {"runner.elapsed", "runner.cpu_seconds"},
     "config.yaml": {"output.dir"},  # its header comment (a time stamp) is no YAML data
 }
 REPORT_CLOCKS = ("wall s",)  # columns of the `esbox report` table
@@ -222,8 +222,10 @@ def test_a_resumed_run_writes_the_files_of_a_run_that_never_stopped(tiny_lm, tmp
     assert expected <= set(summary) and summary["steps"] == config["budget"]["max_steps"]
     rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
     assert any(row["update_norm"] > 0 for row in rows)  # the parameters moved
-    assert_same_files(straight, cut)
-    assert report_table(straight, tmp_path / "a") == report_table(cut, tmp_path / "b")
+    assert_same_files(straight, cut, IGNORED)
+    assert report_table(straight, tmp_path / "a", REPORT_CLOCKS) == report_table(
+        cut, tmp_path / "b", REPORT_CLOCKS
+    )
 
 
 def test_the_comparison_sees_a_dropped_field_and_a_missing_file(tmp_path) -> None:
@@ -231,14 +233,14 @@ def test_the_comparison_sees_a_dropped_field_and_a_missing_file(tmp_path) -> Non
     straight.parent.mkdir(), cut.parent.mkdir()
     optimize(vector_config(tmp_path), straight)
     optimize(vector_config(tmp_path), cut)
-    assert_same_files(straight, cut)
+    assert_same_files(straight, cut, IGNORED)
     summary = json.loads((cut / "summary.json").read_text())
     (cut / "summary.json").write_text(json.dumps({**summary, "best_value": 0.5}))
     with pytest.raises(AssertionError, match=r"summary\.json"):
-        assert_same_files(straight, cut)
+        assert_same_files(straight, cut, IGNORED)
     (cut / "new.bin").write_bytes(b"")
     with pytest.raises(AssertionError, match=r"new\.bin"):
-        assert_same_files(straight, cut)
+        assert_same_files(straight, cut, IGNORED)
 
 
 class NaNFromStep2:
@@ -289,46 +291,3 @@ def test_a_checkpoint_from_before_the_callback_state_still_resumes(tmp_path) -> 
     resumed.resume(tmp_path / "old")
     resumed.run()
     assert np.array_equal(resumed.space.vector, straight.space.vector)
-
-
-# -- comparing run directories ------------------------------------------------------------------
-def assert_same_files(a: Path, b: Path) -> None:
-    """Every file of ``a`` and ``b`` (walked, so a new kind of file is compared too) alike."""
-    names = [{p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()} for d in (a, b)]
-    assert names[0] == names[1], f"files differ: {names[0] ^ names[1]}"
-    for name in sorted(names[0]):
-        ignored = set().union(*(keys for glob, keys in IGNORED.items() if fnmatch(name, glob)))
-        assert content(a / name, ignored) == content(b / name, ignored), name
-
-
-def content(path: Path, ignored: set[str]) -> Any:
-    """What is compared of a file: its data less the ``ignored`` keys, or its bytes."""
-    if path.suffix == ".jsonl":
-        lines = path.read_text().splitlines()
-        return [comparable(json.loads(line), ignored) for line in lines]
-    if path.suffix == ".json":
-        return comparable(json.loads(path.read_text()), ignored)
-    if path.suffix == ".yaml":
-        return comparable(yaml.safe_load(path.read_text()), ignored)
-    return path.read_bytes()
-
-
-def comparable(data: Any, ignored: set[str]) -> str:
-    """``data`` without the dotted ``ignored`` keys, as canonical JSON (NaN equals NaN)."""
-    for key in ignored:
-        *parents, last = key.split(".")
-        node = data
-        for parent in parents:
-            node = node.get(parent, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict):
-            node.pop(last, None)
-    return json.dumps(data, sort_keys=True)
-
-
-def report_table(run: Path, out: Path) -> list[list[str]]:
-    """The table `esbox report` prints, its clock columns blanked."""
-    result = CliRunner().invoke(cli, ["report", str(run), "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    rows = [line.split("|") for line in result.output.splitlines() if line.startswith("|")]
-    clocks = [i for i, cell in enumerate(rows[0]) if cell.strip() in REPORT_CLOCKS]
-    return [["" if i in clocks else cell for i, cell in enumerate(row)] for row in rows]
