@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -33,10 +34,31 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _step(folder: Path) -> int:
+    return int(folder.name.rsplit("-", 1)[1])
+
+
 def latest_checkpoint(folder: Path) -> Path | None:
     """The newest ``checkpoint-N`` folder whose esbox state was written (a complete one)."""
     done = [p for p in folder.glob("checkpoint-*") if (p / STATE_FILE).is_file()]
-    return max(done, key=lambda p: int(p.name.rsplit("-", 1)[1]), default=None)
+    return max(done, key=_step, default=None)
+
+
+def prune_checkpoints(newest: Path, every: int, keep: int | None) -> None:
+    """After ``newest`` is complete: remove the older checkpoints off the ``every`` schedule
+    (written as a run ended or was interrupted) or cut short by a kill, then all but the
+    ``keep`` newest, so a resumed or extended run keeps the checkpoints of a run that never
+    stopped (as ``esbox.checkpoint.save_checkpoint`` does for ES runs)."""
+    kept = []
+    for old in sorted(newest.parent.glob("checkpoint-*"), key=_step):
+        if old == newest:
+            kept.append(old)
+        elif (every and _step(old) % every) or not (old / STATE_FILE).is_file():
+            shutil.rmtree(old)
+        elif _step(old) < _step(newest):
+            kept.append(old)
+    for old in kept[:-keep] if keep is not None else ():
+        shutil.rmtree(old)
 
 
 class RunLog(TrainerCallback):
@@ -53,8 +75,11 @@ class RunLog(TrainerCallback):
         max_seconds: float | None = None,
         max_cpu_seconds: float | None = None,
         figures: Callable[[], dict[str, float]] | None = None,
+        checkpoint_every: int = 0,
+        checkpoint_keep: int | None = None,
     ) -> None:
         self.directory, self.reward, self.validation = Path(directory), reward, validation
+        self.checkpoint_every, self.checkpoint_keep = checkpoint_every, checkpoint_keep
         self.max_seconds, self.max_cpu_seconds, self.figures = max_seconds, max_cpu_seconds, figures
         self.logger = MetricsLogger(self.directory / "metrics.jsonl")
         self.history: list[dict[str, Any]] = []
@@ -162,6 +187,7 @@ class RunLog(TrainerCallback):
             "peak_rss_mib": self.peak_rss(),
         }
         write_atomic(folder / STATE_FILE, json.dumps(jsonable(saved)) + "\n")
+        prune_checkpoints(folder, self.checkpoint_every, self.checkpoint_keep)
 
     def close(self) -> None:
         self.logger.close()

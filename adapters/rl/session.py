@@ -153,7 +153,7 @@ def trainer_arguments(run: GRPORun, directory: Path, task: Any) -> Any:
         "disable_tqdm": True,  # esbox's own bar (or none with --quiet)
         "save_strategy": "steps" if every else "no",
         "save_steps": every or 1,
-        "save_total_limit": config.checkpoint.keep,
+        "save_total_limit": None,  # esbox prunes them itself (rundir.prune_checkpoints)
         "eval_strategy": "no",
     }
     try:

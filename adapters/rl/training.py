@@ -34,6 +34,8 @@ class GRPOTraining:
             max_seconds=run.config.budget.max_seconds,
             max_cpu_seconds=run.config.budget.max_cpu_seconds,
             figures=inputs.figures,
+            checkpoint_every=run.config.checkpoint.every,
+            checkpoint_keep=run.config.checkpoint.keep,
         )
         trainer = self.parts.trainer
         for noisy in (PrinterCallback, ProgressCallback):  # TRL prints every log as a dict
