@@ -22,6 +22,7 @@ SUITES: dict[str, str] = {
     "scale": "benchmarks.scale",
     "lowrank": "benchmarks.lowrank",
     "generation": "benchmarks.generation",
+    "rl": "benchmarks.rl",
 }
 
 

@@ -1,0 +1,540 @@
+"""ES against GRPO at equal CPU time, tuned alike: the base model, CoPES, OpenAI-ES, GRPO and
+LoRA-GRPO on the shipped SmolLM2-135M, single-turn arithmetic and the agent-math tool task.
+
+The protocol, the same for every method:
+
+1. **Tuning.** ``--tuning`` runs a method (3 by default), seed 0, each at the same CPU budget:
+   learning rates for GRPO and LoRA-GRPO, learning rate and sigma together for the ES methods
+   (:data:`GRIDS`, multiples of the config's values). Each tuned model is scored greedily on
+   the **validation** questions, the first ``--validation`` of the task's held-out split; the
+   best one (the first on a tie) is the method's setting.
+2. **Final runs.** The chosen setting runs with ``--seeds`` new seeds (1, 2, ...), each stopped at
+   the same CPU seconds (``budget.max_cpu_seconds``, the run process's CPU clock, all threads;
+   one torch thread a run), with no validation inside the run.
+3. **Held-out test.** The base model and every final model are scored on the next ``--heldout``
+   questions, which no choice above saw: greedy accuracy with its standard error, the change
+   against the base with the *paired* standard error (question by question), pass@k from
+   ``--samples`` sampled rollouts, each ES method's gain as a fraction of GRPO's (the CoPES
+   paper's metric), the samples each run generated, its peak RSS and CPU seconds.
+
+Every training run is the real CLI (``esbox optimize`` / ``esbox grpo``) in its own process,
+every evaluation a fresh process (:mod:`benchmarks.rl_children`); ``--jobs`` runs that many
+at once. Fewer than 3 tuning runs or 2 seeds is marked "not a result" under the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks import measure
+
+CHILD_MODULE = "benchmarks.rl_children"
+METHODS = ("copes", "openai_es", "grpo", "lora_grpo")
+ES_METHODS = ("copes", "openai_es")
+TASKS = {  # the ES config, the GRPO config: the same task, model and agent settings
+    "arithmetic": ("examples/llm-arith.yaml", "examples/llm-arith-grpo.yaml"),
+    "agent-math": ("examples/agent-math.yaml", "examples/agent-math.yaml"),
+}
+GRIDS = {  # tuning settings as multiples of the config's: the same count for every method
+    "es": [(1.0, 1.0), (2.0, 1.0), (2.0, 2.0)],  # (learning rate, sigma)
+    "grpo": [1.0, 3.0, 10.0],  # learning rate (the configs' 1e-6 is untuned and low)
+    "lora_grpo": [10.0, 30.0, 100.0],  # LoRA trains far fewer weights: larger steps
+}
+GRPO_LEARNING_RATE = 1e-6  # TRL's default, when a config's grpo: section has none
+LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks rl", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--tasks", default="arithmetic,agent-math", help="comma-separated")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated")
+    parser.add_argument("--cpu-minutes", type=float, default=5.0, help="CPU budget of a run")
+    parser.add_argument("--tuning", type=int, default=3, help="tuning runs a method (1-3)")
+    parser.add_argument("--seeds", type=int, default=2, help="final runs a method")
+    parser.add_argument("--validation", type=int, default=50, help="validation questions")
+    parser.add_argument("--heldout", type=int, default=100, help="held-out test questions")
+    parser.add_argument("--samples", type=int, default=8, help="sampled rollouts for pass@k")
+    parser.add_argument("--model", default=None, help="local HF model folder (default: shipped)")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="TASK=ES.yaml,GRPO.yaml",
+        help="other configs for a task (repeatable)",
+    )
+    parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per process")
+    parser.add_argument("--runs", default=None, help="run directories go here (default: --out)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny random model and task: tests the protocol, measures nothing",
+    )
+    parser.add_argument("--json", default=None, help="also write the raw results here")
+    measure.add_jobs_option(parser)
+    measure.add_output_option(parser)
+    return parser
+
+
+# -- the plan -----------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One training run: a method, its setting (config overrides), a seed, where it goes."""
+
+    task: str
+    method: str
+    setting: dict[str, Any]
+    seed: int
+    directory: Path
+    config: str
+    results: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def command(self) -> str:
+        return "grpo" if self.method in ("grpo", "lora_grpo") else "optimize"
+
+
+def tuning_settings(
+    method: str, es_config: dict[str, Any], grpo_config: dict[str, Any], count: int
+) -> list[dict[str, Any]]:
+    """The first ``count`` settings of :data:`GRIDS` for ``method``, as config overrides."""
+    if method in ES_METHODS:
+        options = es_config.get("options") or {}
+        lr, sigma = float(options["learning_rate"]), float(options["sigma"])
+        grid = [
+            {"options.learning_rate": lr * a, "options.sigma": sigma * b} for a, b in GRIDS["es"]
+        ]
+    else:
+        base = float((grpo_config.get("grpo") or {}).get("learning_rate", GRPO_LEARNING_RATE))
+        grid = [{"grpo.learning_rate": base * a} for a in GRIDS[method]]
+    return grid[:count]
+
+
+def overrides(run: Run, args: argparse.Namespace) -> list[str]:
+    """``--set`` values of a run: its setting, seed, CPU budget, one thread, no validation or
+    periodic checkpoints inside the budget; GRPO keeps a constant learning rate, since a CPU
+    stop would otherwise cut its decay short at a point no other method sees."""
+    values: dict[str, Any] = {
+        **run.setting,
+        "seed": run.seed,
+        "budget.max_cpu_seconds": args.cpu_minutes * 60.0,
+        "budget.max_steps": None,
+        "budget.max_seconds": None,
+        "budget.max_evaluations": None,
+        "problem.validation_every": 0,
+        "problem.threads": 1,
+        "checkpoint.every": 0,
+    }
+    if args.model:
+        values["problem.model"] = args.model
+    if run.method not in ES_METHODS:  # the ES strategy comes as --strategy
+        values["grpo.lr_scheduler_type"] = "constant"
+        values["grpo.num_train_epochs"] = 10_000  # the CPU budget stops it, not the data
+    if run.method == "lora_grpo":
+        values.update({f"lora.{k}": v for k, v in LORA.items()})
+    return [
+        f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for k, v in values.items()
+    ]
+
+
+def train(run: Run, args: argparse.Namespace) -> Run:
+    """The run through the real CLI in its own process; its last metrics row joins ``results``."""
+    if run.directory.exists():
+        shutil.rmtree(run.directory)
+    strategy = ["--strategy", run.method] if run.method in ES_METHODS else []
+    command = [
+        sys.executable,
+        "-m",
+        "esbox.cli.main",
+        run.command,
+        "-q",
+        "--config",
+        run.config,
+        *strategy,
+        "--out",
+        str(run.directory),
+    ]
+    for value in overrides(run, args):
+        command += ["--set", value]
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=args.timeout, cwd=measure.ROOT, check=False
+    )
+    if proc.returncode:
+        raise RuntimeError(
+            f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    rows = [json.loads(line) for line in (run.directory / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    summary = json.loads((run.directory / "summary.json").read_text())
+    run.results = {
+        "steps": len(rows),
+        "samples": last.get("samples"),
+        "cpu_seconds": last.get("cpu_seconds"),
+        "peak_rss_mib": last.get("peak_rss_mib"),
+        "stop_reason": summary.get("stop_reason"),
+    }
+    print(
+        f"trained {run.task} {run.method} seed {run.seed} {run.setting}: {run.results}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return run
+
+
+def score(
+    run_dir: Path, args: argparse.Namespace, start: int, stop: int, samples: int, base: bool = False
+) -> dict[str, Any]:
+    """One model's per-question results on held-out questions ``start:stop``, in a child."""
+    spec = {
+        "run": str(run_dir),
+        "base": base,
+        "start": start,
+        "stop": stop,
+        "samples": samples,
+        "threads": 1,
+    }
+    return measure.run_child(CHILD_MODULE, spec, timeout=args.timeout)
+
+
+# -- statistics ---------------------------------------------------------------------------------
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of per-question values."""
+    mean = statistics.fmean(values)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    return mean, se
+
+
+def per_question(scores: list[dict[str, Any]]) -> list[float]:
+    """Each question's greedy correctness, averaged over the seeds' models."""
+    return [statistics.fmean(column) for column in zip(*(s["greedy"] for s in scores), strict=True)]
+
+
+def pass_at(scores: list[dict[str, Any]], k: int) -> float | None:
+    """pass@k over the seeds' models (the mean of each model's figure)."""
+    values = [s["figures"].get(f"pass@{k}") for s in scores]
+    return statistics.fmean(values) if values and None not in values else None
+
+
+# -- the suite ----------------------------------------------------------------------------------
+def configs_for(task: str, args: argparse.Namespace) -> tuple[str, str]:
+    """The ES and GRPO configs of a task (``--config`` overrides them)."""
+    chosen = dict(TASKS)
+    for item in args.config:
+        name, _, pair = item.partition("=")
+        es, _, grpo = pair.partition(",")
+        chosen[name] = (es, grpo or es)
+    if task not in chosen:
+        raise SystemExit(f"unknown task {task!r}; known: {', '.join(chosen)}")
+    return chosen[task]
+
+
+def check_same_problem(es_config: dict[str, Any], grpo_config: dict[str, Any], task: str) -> None:
+    """Both configs must pose the same problem: same model, task, agent and dtype."""
+    for key in ("model", "task", "agent", "dtype"):
+        a, b = (
+            (es_config.get("problem") or {}).get(key),
+            (grpo_config.get("problem") or {}).get(key),
+        )
+        if a != b:
+            raise SystemExit(
+                f"{task}: problem.{key} differs between the ES and GRPO configs "
+                f"({a!r} against {b!r}); the comparison would not be fair"
+            )
+
+
+def run_task(task: str, methods: list[str], args: argparse.Namespace, pool: Any) -> dict[str, Any]:
+    """Tuning, selection, final runs and the held-out test of every method on one task."""
+    es_path, grpo_path = configs_for(task, args)
+    es_config, grpo_config = (
+        yaml.safe_load((measure.ROOT / p).read_text()) for p in (es_path, grpo_path)
+    )
+    check_same_problem(es_config, grpo_config, task)
+    root = Path(args.runs or args.csv).resolve() / "rl" / task
+    validation = (0, args.validation)
+    test = (args.validation, args.validation + args.heldout)
+
+    def make(method: str, setting: dict[str, Any], seed: int, name: str) -> Run:
+        config = grpo_path if method in ("grpo", "lora_grpo") else es_path
+        return Run(task, method, setting, seed, root / name, str(config))
+
+    tuning = [
+        make(m, s, 0, f"tune-{m}-{i}")
+        for m in methods
+        for i, s in enumerate(tuning_settings(m, es_config, grpo_config, args.tuning))
+    ]
+    list(pool.map(lambda r: train(r, args), tuning))
+    for run, result in zip(
+        tuning, pool.map(lambda r: score(r.directory, args, *validation, 0), tuning), strict=True
+    ):
+        run.results["validation_accuracy"] = statistics.fmean(result["greedy"])
+        shutil.rmtree(run.directory / "model", ignore_errors=True)  # only the final models stay
+    chosen = {}
+    for method in methods:
+        candidates = [r for r in tuning if r.method == method]
+        chosen[method] = max(candidates, key=lambda r: r.results["validation_accuracy"])
+    finals = [
+        make(m, chosen[m].setting, seed, f"{m}-seed{seed}")
+        for m in methods
+        for seed in range(1, args.seeds + 1)
+    ]
+    list(pool.map(lambda r: train(r, args), finals))
+    jobs = [(finals[0].directory, True)] + [(r.directory, False) for r in finals]
+    scores = list(pool.map(lambda j: score(j[0], args, *test, args.samples, base=j[1]), jobs))
+    base, by_run = scores[0], dict(zip((r.directory for r in finals), scores[1:], strict=True))
+    return {
+        "task": task,
+        "tuning": tuning,
+        "finals": finals,
+        "base": base,
+        "scores": by_run,
+        "chosen": chosen,
+    }
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return (
+        "—"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else (f"{value:.{digits}f}")
+    )
+
+
+def report(result: dict[str, Any], methods: list[str], args: argparse.Namespace) -> tuple[str, Any]:
+    """The task's markdown: tuning table, held-out table, notes; and the CSV tables."""
+    task, base = result["task"], result["base"]
+    base_q = [float(x) for x in base["greedy"]]
+    base_acc, base_se = mean_se(base_q)
+    ks = [k for k in (1, 4, 8) if k <= args.samples]
+    tune_rows = [
+        [
+            r.method,
+            ", ".join(f"{k}={v:.3g}" for k, v in r.setting.items()),
+            _fmt(r.results["validation_accuracy"]),
+            r.results["steps"],
+            "**chosen**" if result["chosen"][r.method] is r else "",
+        ]
+        for r in result["tuning"]
+    ]
+    tune_headers = ["method", "setting", "validation accuracy", "steps", ""]
+    gains: dict[str, float] = {}
+    rows = [
+        [
+            "base",
+            _fmt(base_acc),
+            _fmt(base_se),
+            "—",
+            "—",
+            "—",
+            *(_fmt(base["figures"].get(f"pass@{k}")) for k in ks),
+            "—",
+            "—",
+            "—",
+            "—",
+        ]
+    ]
+    for method in methods:
+        finals = [r for r in result["finals"] if r.method == method]
+        scores = [result["scores"][r.directory] for r in finals]
+        q = per_question(scores)
+        acc, se = mean_se(q)
+        change, change_se = mean_se([a - b for a, b in zip(q, base_q, strict=True)])
+        gains[method] = change
+        gained = sum(a > b for a, b in zip(q, base_q, strict=True))
+        lost = sum(a < b for a, b in zip(q, base_q, strict=True))
+        rows.append(
+            [
+                method,
+                _fmt(acc),
+                _fmt(se),
+                f"{change:+.3f} ± {change_se:.3f}",
+                f"{gained} / {lost}",
+                "",
+                *(_fmt(pass_at(scores, k)) for k in ks),
+                _fmt(statistics.fmean(r.results["samples"] or 0 for r in finals), 0),
+                _fmt(max(r.results["peak_rss_mib"] or 0 for r in finals), 0),
+                _fmt(statistics.fmean(r.results["cpu_seconds"] or 0 for r in finals), 0),
+                _fmt(statistics.fmean(r.results["steps"] for r in finals), 1),
+            ]
+        )
+    grpo_gain = gains.get("grpo")
+    for row in rows[1:]:
+        method = row[0]
+        if method in ES_METHODS and grpo_gain is not None:
+            row[5] = f"{gains[method] / grpo_gain:.0%}" if grpo_gain > 0 else "GRPO gained nothing"
+        else:
+            row[5] = "—"
+    headers = [
+        "method",
+        "held-out accuracy",
+        "SE",
+        "change vs base (paired SE)",
+        "questions gained / lost",
+        "fraction of GRPO's gain",
+        *(f"pass@{k}" for k in ks),
+        "samples a run",
+        "peak RSS MiB",
+        "CPU s a run",
+        "steps a run",
+    ]
+    notes = [
+        f"- {args.tuning} tuning run(s) a method on questions 0-{args.validation - 1} of the "
+        f"held-out split; {args.seeds} seed(s) of the chosen setting, each "
+        f"{args.cpu_minutes:g} CPU-minutes; tested on questions {args.validation}-"
+        f"{args.validation + args.heldout - 1} (accuracy: greedy, mean over seeds; pass@k: "
+        f"{args.samples} sampled rollouts a question)."
+    ]
+    early = sorted(
+        {
+            f"{r.method} seed {r.seed} ({r.results['stop_reason']})"
+            for r in result["tuning"] + result["finals"]
+            if r.results["stop_reason"] != "max_cpu_seconds"
+        }
+    )
+    if early:
+        notes.append(f"- **Not at equal CPU time**: stopped before the budget: {', '.join(early)}.")
+    if args.tuning < 3 or args.seeds < 2:
+        notes.append("- **Not a result**: fewer than 3 tuning runs a method or 2 seeds.")
+    text = "\n".join(
+        [
+            f"### {task}: tuning (validation split)",
+            "",
+            measure.table(tune_headers, tune_rows),
+            "",
+            f"### {task}: held-out test at {args.cpu_minutes:g} CPU-minutes a run",
+            "",
+            measure.table(headers, rows, "l" + "r" * (len(headers) - 1)),
+            "",
+            *notes,
+        ]
+    )
+    return text, {f"rl_{task}_tuning": (tune_headers, tune_rows), f"rl_{task}": (headers, rows)}
+
+
+def figure(results: list[dict[str, Any]], methods: list[str], args: argparse.Namespace) -> Path:
+    """Held-out accuracy against CPU-minutes: the base at 0, each seed's model at its CPU time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    for ax, result in zip(axes[0], results, strict=True):
+        base = statistics.fmean(result["base"]["greedy"])
+        for method in methods:
+            finals = [r for r in result["finals"] if r.method == method]
+            xs = [0.0] + [(r.results["cpu_seconds"] or 0) / 60 for r in finals]
+            ys = [base] + [
+                statistics.fmean(result["scores"][r.directory]["greedy"]) for r in finals
+            ]
+            ax.plot(xs, ys, "o", label=method)
+            ax.plot(
+                [0, statistics.fmean(xs[1:])],
+                [base, statistics.fmean(ys[1:])],
+                "-",
+                color=ax.lines[-1].get_color(),
+                alpha=0.6,
+            )
+        ax.set(title=result["task"], xlabel="CPU-minutes of training", ylabel="held-out accuracy")
+        ax.legend()
+    path = Path(args.csv) / "rl.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def quick_setup(args: argparse.Namespace) -> None:
+    """``--quick``: a tiny random model and small arithmetic configs in the output folder."""
+    from esbox.adapters.models.testing import save_tiny_lm
+
+    folder = Path(args.csv).resolve() / "rl-quick"
+    model = save_tiny_lm(folder / "tiny-lm")
+    problem = {
+        "kind": "llm",
+        "model": str(model),
+        "max_new_tokens": 4,
+        "batch_size": 2,
+        "task": {"kind": "arithmetic", "train_size": 32, "heldout_size": 8},
+    }
+    es = {
+        "strategy": "copes",
+        "problem": problem,
+        "options": {"population": 4, "subspaces": 2, "sigma": 0.01, "learning_rate": 0.01},
+    }
+    grpo = {
+        "problem": problem,
+        "grpo": {"num_generations": 2, "learning_rate": 1e-3, "gradient_checkpointing": False},
+    }
+    for name, config in (("es.yaml", es), ("grpo.yaml", grpo)):
+        (folder / name).write_text(yaml.safe_dump(config))
+    args.config = [f"arithmetic={folder / 'es.yaml'},{folder / 'grpo.yaml'}"]
+    args.tasks, args.model = "arithmetic", None
+    args.validation, args.heldout, args.samples = 4, 4, 2
+    args.cpu_minutes = min(args.cpu_minutes, 0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.quick:
+        quick_setup(args)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
+    if not 1 <= args.tuning <= 3 or args.seeds < 1:
+        raise SystemExit("--tuning takes 1 to 3 (the grids' size) and --seeds at least 1")
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = [run_task(t.strip(), methods, args, pool) for t in args.tasks.split(",")]
+    found: dict[str, Any] = {}
+    parts = []
+    for result in results:
+        text, tables = report(result, methods, args)
+        parts.append(text)
+        found.update(tables)
+    measure.write_tables(args.csv, found)
+    plot = figure(results, methods, args)
+    print("\n\n".join(parts))
+    print(f"\n![held-out accuracy against CPU-minutes]({plot})\n")
+    print(measure.environment(threads=1))
+    if args.json:
+        raw = {
+            r["task"]: {
+                "base": r["base"],
+                "runs": [
+                    {
+                        "method": run.method,
+                        "seed": run.seed,
+                        "setting": run.setting,
+                        **run.results,
+                        **(
+                            {"test": r["scores"][run.directory]}
+                            if run.directory in r["scores"]
+                            else {}
+                        ),
+                    }
+                    for run in r["tuning"] + r["finals"]
+                ],
+            }
+            for r in results
+        }
+        Path(args.json).write_text(json.dumps(raw, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
