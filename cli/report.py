@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import textwrap
@@ -122,6 +123,8 @@ def _figure(
             for key, style, suffix in series:
                 y = _values(run, run.best_key() if key == "best" else key)
                 ax.plot(x, y, style, color=f"C{index % 10}", label=f"{run.label}{suffix}")
+            for at in restart_points(run, xkey):  # a restart: a dotted line where it begins
+                ax.axvline(at, color=f"C{index % 10}", linestyle=":", alpha=0.6)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         if log_y:
@@ -129,6 +132,16 @@ def _figure(
     axes[0].set_ylabel(ylabel)
     axes[1].legend(fontsize="small", loc="best")
     fig.savefig(path, dpi=110)
+
+
+def restart_points(run: RunData, key: str = "step") -> list[float]:
+    """``key`` of each step that began a restart (metrics' ``restart`` column goes up)."""
+    rows = run.metrics
+    return [
+        float(row[key])
+        for before, row in itertools.pairwise(rows)
+        if row.get("restart", 0) != before.get("restart", 0) and row.get(key) is not None
+    ]
 
 
 def validation_points(
@@ -262,6 +275,9 @@ def table(runs: list[RunData]) -> str:
         "stop",
     )
     agents = any(is_agent_run(run) for run in runs)
+    restarts = any("restart" in row for run in runs for row in run.metrics[-1:])
+    if restarts:
+        head += ("restarts",)
     if agents:
         head += AGENT_COLUMNS
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -279,6 +295,8 @@ def table(runs: list[RunData]) -> str:
             _change(validation_points(run)),
             s.get("stop_reason", "running or killed"),
         )
+        if restarts:
+            cells += (last.get("restart", 0),)
         if agents:
             cells += _agent_cells(run)
         lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")

@@ -239,6 +239,7 @@ def write_summary(
         "steps": session.strategy.step,
         "evaluations": runner.evaluations,
         "best_reward": session.strategy.best_reward,
+        "restarts": [dict(r) for r in getattr(session.strategy, "restart_log", ())],
         **saved,
         "wall_seconds": seconds,
         "evaluations_per_second": runner.evaluations / seconds if seconds > 0 else None,

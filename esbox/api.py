@@ -11,6 +11,7 @@ import numpy as np
 
 from esbox.evaluation import FunctionEvaluator
 from esbox.registry import make_strategy
+from esbox.restarts import restarting
 from esbox.runner import Budget, Callback, Runner
 from esbox.space import DEFAULT_CHUNK_SIZE, VectorSpace
 
@@ -28,6 +29,7 @@ class Result:
     stop_reason: str
     history: list[dict[str, Any]] = field(default_factory=list)
     strategy: str = ""
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # one record per ended restart
 
     def __repr__(self) -> str:
         fields = {
@@ -36,6 +38,7 @@ class Result:
             "steps": str(self.steps),
             "stop_reason": self.stop_reason,
             "strategy": self.strategy or "-",
+            "restarts": f"{len(self.restarts)} (.restarts: why each ended)",
             "x": f"array of {self.x.size} ({self.x.dtype})",
             "best_x": "None" if self.best_x is None else f"array of {self.best_x.size}",
             "history": f"{len(self.history)} steps in .history (one dict of metrics a step)",
@@ -64,6 +67,7 @@ def optimize(
     resume: str | Path | None = None,
     progress: bool = False,
     max_nonfinite_steps: int = 1,
+    restarts: Any = "auto",
     **strategy_options: Any,
 ) -> Result:
     """Optimize ``fn`` from ``x0`` with strategy ``strategy``.
@@ -73,12 +77,19 @@ def optimize(
     ``resume=DIR`` the run continues bit-identically from the newest checkpoint in DIR.
     A value of ``fn`` that is not a number raises ``RewardTypeError``; ``max_nonfinite_steps``
     steps in a row where every value is NaN or +-inf raise ``RewardError``. A budget smaller
-    than one step is a ``ConfigError``.
+    than one step is a ``ConfigError``. ``restarts`` (a kind, ``ipop``, ``bipop``, ``stop`` or
+    ``none``, or a mapping of ``esbox.restarts.RestartOptions``) says what happens when sigma
+    collapses or progress stops: by default (``auto``) an IPOP restart from a new start point;
+    ``best_value`` is the best over all restarts.
     """
     if not isinstance(budget, Budget):
         budget = Budget(max_evaluations=budget, max_steps=max_steps, max_seconds=max_time)
     space = VectorSpace(x0, dtype=dtype, chunk_size=chunk_size)
-    es = make_strategy(strategy, space, seed=seed, **strategy_options)
+
+    def build(run_seed: int, **overrides: Any) -> Any:
+        return make_strategy(strategy, space, seed=run_seed, **{**strategy_options, **overrides})
+
+    es = restarting(build, space, restarts, seed=seed)
     evaluator = FunctionEvaluator(fn, minimize=minimize, batched=batched, batch_size=batch_size)
     runner = Runner(
         space,
@@ -103,4 +114,5 @@ def optimize(
         stop_reason=reason,
         history=runner.history,
         strategy=strategy,
+        restarts=[dict(r) for r in getattr(es, "restart_log", ())],
     )

@@ -53,6 +53,16 @@ class ExplicitSpecs:
             value = ref.to(device=part.device, dtype=torch.float64) + part
             self._flat[chunk.tensor_index][chunk.start : chunk.stop].copy_(value)
 
+    def _move_to(self, point: Sequence[float]) -> float:
+        """``theta <- point`` (a restart's start: ``Update.restart``) as ``theta += point -
+        theta`` in float64; returns the L2 norm of the move."""
+        current = [
+            self._master.get(c.tensor_index, self._flat[c.tensor_index])[c.start : c.stop]
+            for c in self.chunks
+        ]
+        theta = torch.cat([part.detach().to("cpu", torch.float64) for part in current])
+        return self._shift((torch.tensor(point, dtype=torch.float64) - theta).tolist())
+
     def _shift(self, shift: Sequence[float]) -> float:
         """``theta += shift`` (masters too); returns the L2 norm of the shift."""
         squares = [0.0] * len(self._flat)

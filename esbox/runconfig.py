@@ -22,6 +22,7 @@ from esbox.config import build_options, describe_options, option
 from esbox.defaults import black_box_defaults
 from esbox.errors import ConfigError, unknown_key_message
 from esbox.registry import available_strategies, get_strategy
+from esbox.restarts import RestartOptions
 from esbox.schedules import Constant, Cosine, Linear, schedule_to_config
 from esbox.trackers import TrackingConfig
 
@@ -139,6 +140,9 @@ class RunConfig:
     output: OutputConfig = section(OutputConfig, "the run directory")
     tracking: TrackingConfig = section(TrackingConfig, "TensorBoard and wandb beside the JSONL")
     scale: ScaleConfig = section(ScaleConfig, "scale-out on Ray")
+    restarts: RestartOptions = section(
+        RestartOptions, "termination criteria and restarts on vectors (docs/strategies.md)"
+    )
 
 
 def _sections(cls: type) -> dict[str, type]:

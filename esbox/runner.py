@@ -151,6 +151,9 @@ class Runner:
     # -- stopping ------------------------------------------------------------------------------
     def _budget_reason(self) -> str | None:
         b = self.budget
+        terminated = getattr(self.strategy, "terminated", None)  # tolx, tolfun...: esbox.restarts
+        if terminated:
+            return terminated
         if b.max_steps is not None and self.strategy.step >= b.max_steps:
             return "max_steps"
         population = len(self.strategy.ask())

@@ -293,6 +293,9 @@ class ParameterSpace(ExplicitSpecs, SavedSpace):
         if self._perturbed:
             raise RuntimeError("cannot apply an update while the space is perturbed")
         if update.shift is not None:
+            if update.restart:  # a new search: no momentum, moments or scales carried over
+                self._optimizer, self._scales = ChunkOptimizer(), CoordinateScales(self._flat)
+                return self._move_to(update.shift)
             return self._shift(update.shift)
         refuse_low_rank(update.rank)
         validate_optimizer(update.optimizer)

@@ -109,6 +109,8 @@ class Update:
     and optimizer are not used). A ``diagonal`` update scales its direction per coordinate by
     the space's scales s, then moves them: ``s <- s exp(sum_j c_j (eps_j^2 - 1))`` over its
     ``scale_terms`` (SNES). A ``rank > 0`` update replays low-rank noise (``esbox.lowrank``).
+    A ``restart`` (``esbox.restarts``) moves to the point its ``shift`` holds,
+    ``theta <- shift``, and resets the space's optimizer state and per-coordinate scales.
     """
 
     run_seed: int
@@ -120,11 +122,14 @@ class Update:
     diagonal: bool = False
     scale_terms: tuple[Term, ...] = ()
     rank: int = 0
+    restart: bool = False
 
     def __post_init__(self) -> None:
         _tuple_of_floats(self, "shift")
         if self.shift is not None and self.terms:
             raise ValueError("an update carries noise terms or an explicit shift, not both")
+        if self.restart and self.shift is None:
+            raise ValueError("a restart update carries its start point as its shift")
 
     def to_dict(self) -> dict[str, Any]:
         data = _without_none(asdict(self), "shift")
@@ -132,6 +137,8 @@ class Update:
             del data["diagonal"], data["scale_terms"]
         if not self.rank:
             del data["rank"]
+        if not self.restart:
+            del data["restart"]
         return data
 
     @classmethod
@@ -146,6 +153,7 @@ class Update:
             diagonal=data.get("diagonal", False),
             scale_terms=tuple(Term(**t) for t in data.get("scale_terms", ())),
             rank=data.get("rank", 0),
+            restart=data.get("restart", False),
         )
 
     def subspace_groups(self) -> list[list[Term]]:

@@ -372,10 +372,10 @@ def test_a_fresh_run_in_a_used_directory_does_not_inherit_its_history(tmp_path) 
 
 def test_sigint_during_an_update_is_held_until_it_is_applied(tmp_path) -> None:
     """Ctrl-C while an update is applied lands after it: the checkpoint is a whole step."""
-    opts = options("copes")
+    opts = options("copes", restarts="none")  # the Runner below runs the bare strategy
     full = esbox.optimize(sphere, x0(), "copes", max_steps=6, seed=4, **opts)
     space = VectorSpace(x0())
-    es = esbox.make_strategy("copes", space, seed=4, **opts)
+    es = esbox.make_strategy("copes", space, seed=4, **options("copes"))
     apply = space.apply
 
     def apply_with_sigint(update):

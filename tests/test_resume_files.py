@@ -116,6 +116,12 @@ def vector_config(model: Path) -> dict[str, Any]:
     }
 
 
+def vector_restart_config(model: Path) -> dict[str, Any]:
+    """BIPOP restarts at steps 3, 6, 9 and 12 (criteria made quick); checkpoints at 4 and 8."""
+    restarts = {"kind": "bipop", "tolfun_steps": 2, "tolfun": 0.3}
+    return {**vector_config(model), "restarts": restarts, "checkpoint": {"every": 4}}
+
+
 def llm_config(model: Path, **problem: Any) -> dict[str, Any]:
     return {
         "strategy": "copes",
@@ -160,6 +166,7 @@ def extended(config: dict[str, Any], steps: int) -> dict[str, Any]:
 CASES = {  # config, how the run is cut (a kill point, or "finish" then extend), summary keys
     "vector": (vector_config, ("step", 5), {"best_value"}),
     "vector-killed-in-checkpoint": (vector_config, ("checkpoint", 2), {"best_value"}),
+    "vector-restarts": (vector_restart_config, ("step", 6), {"best_value", "restarts"}),
     "llm-validation": (llm_config, ("step", 3), {"baseline"}),
     "llm-ctrl-c-in-validation": (llm_config, ("interrupt", 2), {"baseline"}),
     "agent-tools": (agent_config, ("trajectories", 4), {"baseline"}),
@@ -222,6 +229,9 @@ def test_a_resumed_run_writes_the_files_of_a_run_that_never_stopped(tiny_lm, tmp
     assert expected <= set(summary) and summary["steps"] == config["budget"]["max_steps"]
     rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
     assert any(row["update_norm"] > 0 for row in rows)  # the parameters moved
+    if "restarts" in expected:  # the cut run resumed in restart 1 and went through two more
+        assert [r["end_step"] for r in summary["restarts"]] == [3, 6, 9, 12]
+        assert [row["restart"] for row in rows][3:7] == [1, 1, 1, 2]
     assert_same_files(straight, cut, IGNORED)
     assert report_table(straight, tmp_path / "a", REPORT_CLOCKS) == report_table(
         cut, tmp_path / "b", REPORT_CLOCKS

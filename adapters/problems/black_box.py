@@ -92,7 +92,11 @@ def _function(options: FunctionProblem, seed: int) -> Problem:
     def save_with_optimum(directory: Path) -> dict[str, Any]:
         return {**save(directory), "optimum_value": fn.optimum_value(d)}
 
-    return Problem(space, evaluator, f"{options.name}(d={d})", save_with_optimum)
+    def restart_start(restart_seed: int) -> np.ndarray:  # uniform in the domain, as x0 is
+        return fn.default_x0(d, seed=restart_seed)
+
+    label = f"{options.name}(d={d})"
+    return Problem(space, evaluator, label, save_with_optimum, restart_start=restart_start)
 
 
 # -- kind: callable -----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ class Problem:
     callbacks: list[Callable[..., Any]] = field(default_factory=list)  # run before the logger
     attach: Callable[[Strategy], None] | None = None  # connects it to the built strategy
     start: Callable[[Path], None] | None = None  # told the run directory before the run starts
+    restart_start: Callable[[int], Any] | None = None  # seed -> a point in the domain (restarts)
 
 
 @dataclass(frozen=True)

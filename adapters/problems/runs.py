@@ -18,7 +18,15 @@ from typing import Any
 
 from esbox.errors import ConfigError, ConfigWarning
 from esbox.registry import make_strategy
-from esbox.runconfig import RunConfig, ScaleConfig, apply_overrides, load_yaml, resolve
+from esbox.restarts import restarting
+from esbox.runconfig import (
+    RunConfig,
+    ScaleConfig,
+    apply_overrides,
+    load_yaml,
+    resolve,
+    vector_dimension,
+)
 from esbox.runner import Budget, Callback, Runner, check_budget_fits, population_of
 from esbox.strategy import Strategy
 
@@ -132,7 +140,7 @@ def build_session(config: RunConfig) -> Session:
     resources = ExitStack()
     try:
         problem, pool = _problem_and_pool(config, resources)
-        strategy = make_strategy(config.strategy, problem.space, seed=config.seed, **config.options)
+        strategy = _strategy(config, problem)
         if problem.attach is not None:
             problem.attach(strategy)
     except BaseException:
@@ -140,6 +148,24 @@ def build_session(config: RunConfig) -> Session:
         raise
     budget = Budget(**config.budget.limits())
     return Session(config, problem, strategy, budget, pool, resources)
+
+
+def _strategy(config: RunConfig, problem: Problem) -> Any:
+    """The run's strategy, restarting (``config.restarts``) where it runs on a vector."""
+
+    def build(seed: int, **overrides: Any) -> Strategy:
+        options = {**config.options, **overrides}
+        return make_strategy(config.strategy, problem.space, seed=seed, **options)
+
+    vector = vector_dimension(config.problem, problem_options()) is not None
+    return restarting(
+        build,
+        problem.space,
+        config.restarts,
+        seed=config.seed,
+        x0_start=problem.restart_start,
+        vector=vector,
+    )
 
 
 def _problem_and_pool(config: RunConfig, resources: ExitStack) -> tuple[Problem, Any]:
