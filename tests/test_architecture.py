@@ -31,12 +31,13 @@ ALLOWED: dict[str, set[str]] = {
     "functions": set(),
     "models": set(),
     "generation": {"models"},
-    "tasks": {"generation", "models"},
-    "agents": {"tasks", "generation", "models"},
+    "environments": set(),
+    "tasks": {"generation", "models", "environments"},
+    "agents": {"tasks", "generation", "models", "environments"},
     "scale": set(),
     "nevergrad": set(),
-    "problems": {"functions", "models", "generation", "tasks", "agents", "scale"},
-    "rl": {"problems", "tasks", "agents", "generation", "models"},
+    "problems": {"functions", "models", "generation", "tasks", "agents", "scale", "environments"},
+    "rl": {"problems", "tasks", "agents", "generation", "models", "environments"},
 }
 
 

@@ -26,7 +26,14 @@ class AgentOptions:
     tools: list = option(
         ["calculator"],
         f"tools the agent may call: {', '.join(TOOL_NAMES)}, or your own as 'module:name' "
-        "(a Tool, a Tool class or a typed function; docs/agents.md)",
+        "(a Tool, a Tool class or a typed function; docs/agents.md); may be [] when the "
+        "trajectories play an environment",
+    )
+    environment: str = option(
+        "",
+        "an environment class (or factory) as 'module:name', one instance per trajectory, reset "
+        "from the example's row: TRL's environment_factory convention (docs/environments.md); "
+        "'' for the task's own (a textarena task has one) or none",
     )
     max_turns: int = option(4, "model turns per trajectory", minimum=1)
     max_tokens: int = option(384, "generated tokens per trajectory, all turns", minimum=1)
@@ -55,11 +62,15 @@ class AgentOptions:
     )
 
 
-def agent_options(section: dict[str, Any]) -> AgentOptions:
-    """The options of a ``problem.agent`` mapping; ConfigError names a bad key or tool."""
+def agent_options(section: dict[str, Any], environment_task: bool = False) -> AgentOptions:
+    """The options of a ``problem.agent`` mapping; ConfigError names a bad key or tool. No tools
+    are needed where the trajectories play an environment (``environment_task``: the task has
+    its own)."""
     options = build_options(AgentOptions, dict(section), where="problem.agent option")
     unknown = [t for t in options.tools if t not in TOOL_NAMES and not _is_import_path(t)]
-    if not options.tools or unknown:
+    if options.environment:
+        import_environment(options.environment)  # a typo fails here, before the model loads
+    if unknown or not (options.tools or options.environment or environment_task):
         raise ConfigError(
             f"problem.agent.tools must list some of {', '.join(TOOL_NAMES)} or 'module:name' "
             f"paths to your own tools, got {options.tools}"
@@ -73,6 +84,23 @@ def agent_options(section: dict[str, Any]) -> AgentOptions:
         if _is_import_path(name):
             import_tool(name)  # a typo fails here, before the model loads
     return options
+
+
+def import_environment(path: str) -> Any:
+    """The environment factory ``module:name`` names (a class, or any callable giving one)."""
+    import importlib
+
+    module_name, _, attribute = path.partition(":")
+    where = f"problem.agent.environment: {path!r}"
+    if not attribute:
+        raise ConfigError(f"{where} must be 'module:name'")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{where} cannot be imported ({exc})") from None
+    if not callable(found) or (isinstance(found, type) and not hasattr(found, "reset")):
+        raise ConfigError(f"{where} is not an environment class (it needs a reset method)")
+    return found
 
 
 def _is_import_path(name: Any) -> bool:
@@ -162,9 +190,11 @@ def build_agent(
     native = False if options.native_template == "text" else None
     tools = make_tools(options, task)
     loop = AgentLoop(backend, tools, limits=limits, native=native, prefill=options.prefill)
+    environment = import_environment(options.environment) if options.environment else None
     evaluator = AgentEvaluator(
         task,
         loop,
+        environment=environment,
         batch_size=batch_size,
         seed=seed,
         greedy=greedy,

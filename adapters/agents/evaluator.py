@@ -1,7 +1,9 @@
 """Agent rollouts behind the evaluator interface: each member's reward is the mean trajectory
 reward over the step's shared minibatch, with tool-use metrics and sampled trajectories logged.
 
-The reward of a trajectory is the task's reward of its final answer, minus
+The reward of a trajectory is the task's reward of its final answer (or its environment's
+reward, when it plays one that scores: the task's ``environment_factory`` or
+``problem.agent.environment``; every member of a step plays the same episodes), minus
 ``invalid_call_penalty`` per malformed call and ``truncation_penalty`` when it ran out of turns
 or tokens. Rewards, co-evolved contexts (ESOpt) and greedy common random numbers work as in
 :class:`~esbox.adapters.tasks.rollouts.RolloutEvaluator`, which this evaluator extends.
@@ -27,6 +29,7 @@ from esbox.adapters.tasks.rollouts import HeldoutValidation
 from esbox.space import ParameterSpace
 from esbox.specs import Perturbation
 
+from .episodes import Episode
 from .loop import AgentLoop, Trajectory
 
 
@@ -40,8 +43,35 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "tool_errors": float(sum(t.tool_errors for t in trajectories)),
         "turns": sum(t.turns for t in trajectories) / n,
         "trajectory_tokens": sum(t.tokens for t in trajectories) / n,
-        "answer_rate": sum(t.stop == "answer" for t in trajectories) / n,
+        "answer_rate": sum(t.stop in ("answer", "done") for t in trajectories) / n,
+        **_environment_figures(trajectories),
     }
+
+
+def _environment_figures(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """The environment's mean reward and its errors, where trajectories played one."""
+    played = [t for t in trajectories if t.env_reward is not None or t.env_errors]
+    if not played:
+        return {}
+    scored = [t.env_reward for t in played if t.env_reward is not None]
+    return {
+        "env_reward": float(np.mean(scored)) if scored else 0.0,
+        "env_errors": float(sum(t.env_errors for t in played)),
+    }
+
+
+def episode_row(example: Example) -> dict[str, Any]:
+    """What an environment is reset from: the example's columns (its meta), its prompt and
+    answer, like the dataset row TRL passes to ``reset``."""
+    return {**example.meta, "prompt": example.prompt, "answer": example.answer}
+
+
+def is_correct(task: Task, trajectory: Trajectory, example: Example) -> bool:
+    """A trajectory's success: its environment's full reward when it played one that scores,
+    else the task's check of the final answer."""
+    if trajectory.env_reward is not None:
+        return trajectory.env_reward >= 1.0
+    return bool(task.is_correct(trajectory.final or "", example))
 
 
 class TrajectoryLog:
@@ -108,6 +138,7 @@ class AgentEvaluator(BatchedRolloutEvaluator):
         log_per_member: int = 1,
         context_of: Any = None,
         max_rows: int = 0,
+        environment: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__(
             task, loop.backend, batch_size=batch_size, seed=seed, greedy=greedy,
@@ -120,12 +151,20 @@ class AgentEvaluator(BatchedRolloutEvaluator):
         self._step_trajectories: list[Trajectory] = []
         self._figures: dict[str, float] = summarize([])
         self._records: list[dict[str, Any]] = []
+        # a callable giving a fresh environment per trajectory (TRL's environment_factory)
+        self.environment = environment or getattr(task, "environment_factory", None)
+        probe = Episode(self.environment(), {}) if self.environment is not None else None
+        self.tools = loop.toolbox(probe)  # every trajectory's tools (probed once, as TRL does)
 
     def trajectory_reward(self, trajectory: Trajectory, example: Example) -> float:
-        """The task's reward of the final answer, less the protocol penalties; NaN if it fails."""
-        value = self._reward(trajectory.final or "", example)
+        """The environment's reward (else the task's reward of the final answer), less the
+        protocol penalties; NaN if it fails."""
+        if trajectory.env_reward is not None:
+            value = trajectory.env_reward
+        else:
+            value = self._reward(trajectory.final or "", example)
         value -= self.invalid_call_penalty * trajectory.invalid_calls
-        if trajectory.stop != "answer":
+        if trajectory.stop not in ("answer", "done"):
             value -= self.truncation_penalty
         return value if math.isfinite(value) else math.nan
 
@@ -144,14 +183,23 @@ class AgentEvaluator(BatchedRolloutEvaluator):
     ) -> list[Trajectory]:
         """Trajectories of ``conversations`` (``groups`` copies of ``batch``, group-major) with
         their rewards."""
+        examples = list(batch) * groups
+        episodes = None
+        if self.environment is not None:  # one fresh environment per trajectory, reset from its row
+            episodes = [Episode(self.environment(), episode_row(e)) for e in examples]
         trajectories = self.loop.run(
             conversations,
             greedy=self.greedy,
             temperature=self.temperature,
             seed=None if self.greedy else self.seed * 1_000_003 + step,
             groups=groups,
+            episodes=episodes,
         )
-        for trajectory, example in zip(trajectories, list(batch) * groups, strict=True):
+        for k, (trajectory, example) in enumerate(zip(trajectories, examples, strict=True)):
+            if episodes is not None:
+                failed = episodes[k].error is not None
+                trajectory.env_reward = episodes[k].score()
+                trajectory.env_errors += int(not failed and episodes[k].error is not None)
             trajectory.reward = self.trajectory_reward(trajectory, example)
         return trajectories
 
@@ -186,7 +234,7 @@ class AgentEvaluator(BatchedRolloutEvaluator):
         self._records = [
             {"member": i, "seed": p.seed, "scale": p.scale, "context": p.context,
              "question": _question(batch[j]), "gold": batch[j].answer,
-             "system": self.loop.system_text(t.messages), **t.to_dict()}
+             "system": self.loop.system_text(t.messages, self.tools), **t.to_dict()}
             for i, (p, ts) in enumerate(zip(perturbations, per_member, strict=True))
             for j, t in enumerate(ts[: self.log_per_member])
         ]  # fmt: skip
@@ -252,7 +300,7 @@ def evaluate_agent(
         if progress is not None:
             progress(len(chunk))
     pairs = list(zip(per_example, examples, strict=True))
-    correct = [[task.is_correct(t.final or "", e) for t in ts] for ts, e in pairs]
+    correct = [[is_correct(task, t, e) for t in ts] for ts, e in pairs]
     rewards = [[t.reward for t in ts] for ts in per_example]
     ks = sorted({1 << i for i in range(num_samples.bit_length())} | {num_samples})
     ranked = summarize_correct(correct, ks=ks)
@@ -268,16 +316,19 @@ def evaluate_agent(
 
 def trajectory_records(
     task: Task,
-    loop: AgentLoop,
+    loop: AgentLoop | AgentEvaluator,
     examples: Sequence[Example],
     trajectories: Sequence[Sequence[Trajectory]],
 ) -> list[dict[str, Any]]:
     """One JSON-ready record per trajectory of :func:`evaluate_agent`: the question, its gold
-    answer, whether the final answer is right, the system prompt and the trajectory."""
+    answer, whether the final answer is right, the system prompt and the trajectory (``loop``:
+    the evaluator, for the tools of its environment)."""
+    tools = getattr(loop, "tools", None) if isinstance(loop, AgentEvaluator) else None
+    loop = loop.loop if isinstance(loop, AgentEvaluator) else loop
     return [
         {"index": j, "sample": s, "question": _question(example), "gold": example.answer,
-         "correct": bool(task.is_correct(t.final or "", example)),
-         "system": loop.system_text(t.messages), **t.to_dict()}
+         "correct": is_correct(task, t, example),
+         "system": loop.system_text(t.messages, tools), **t.to_dict()}
         for j, (example, ts) in enumerate(zip(examples, trajectories, strict=True))
         for s, t in enumerate(ts)
     ]  # fmt: skip

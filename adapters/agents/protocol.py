@@ -346,6 +346,8 @@ def system_text(messages: Sequence[Mapping[str, Any]], tools: Tools, native: boo
     """The system message the model reads: the conversation's own system turn with the answer
     rule (``native``: the template adds the tools) or with our text protocol's tool prompt."""
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    if not toolbox(tools):  # an environment read from the replies, no tools: no tool protocol
+        return system
     return f"{system}\n\n{ANSWER_RULE}".strip() if native else system_prompt(tools, system)
 
 
@@ -363,7 +365,8 @@ def render(
     by_name = toolbox(tools)
     if native is None:
         native = supports_tools(tokenizer)
-    head = [{"role": "system", "content": system_text(messages, by_name, native)}]
+    system = system_text(messages, by_name, native)
+    head = [{"role": "system", "content": system}] if system else []
     messages = [dict(m) for m in messages if m["role"] != "system"]
     if native:
         return tokenizer.apply_chat_template(

@@ -153,7 +153,12 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     from esbox.adapters.tasks.rollouts import HeldoutValidation
 
     task = load_task(options.task)  # first: bad task or agent options fail before the model loads
-    agent = agent_options(options.agent) if options.agent else None
+    plays = getattr(task, "environment_factory", None) is not None
+    if plays and not options.agent:
+        raise ConfigError(
+            f"problem.agent: {task.name} is played in turns: it needs an agent section"
+        )
+    agent = agent_options(options.agent, environment_task=plays) if options.agent else None
     if options.threads:
         torch.set_num_threads(options.threads)
     path = resolve_model_path(options.model)
@@ -227,10 +232,19 @@ def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
         )
     check_backend(problem)
     _check_task(problem["task"])
+    kind = problem["task"].get("kind") if isinstance(problem["task"], dict) else None
+    if not problem["agent"] and kind in ("textarena",):
+        raise ConfigError(
+            f"problem.agent: a {kind} task is played in turns: it needs an agent section"
+        )
     if problem["agent"]:
         from esbox.adapters.agents.config import agent_options
+        from esbox.adapters.tasks.loading import ENVIRONMENT_KINDS
 
-        agent_options(problem["agent"])
+        plays = (
+            isinstance(problem["task"], dict) and problem["task"].get("kind") in ENVIRONMENT_KINDS
+        )
+        agent_options(problem["agent"], environment_task=plays)
     if problem["context_proposer"] == "none":
         return
     contexts = getattr(strategy, "contexts", None)

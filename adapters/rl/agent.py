@@ -104,7 +104,9 @@ class AgentRollouts:
         limits = self.loop.limits
         room = min(limits.max_new_tokens, limits.max_tokens - (trajectory.tokens - last))
         return (
-            trajectory.stop == "answer" and last < room and self.tokenizer.eos_token_id is not None
+            trajectory.stop in ("answer", "done")
+            and last < room
+            and self.tokenizer.eos_token_id is not None
         )
 
 
@@ -149,6 +151,13 @@ def agent_inputs(
 
     from esbox.adapters.agents.config import agent_options, build_agent
 
+    if getattr(task, "environment_factory", None) is not None or problem["agent"].get(
+        "environment"
+    ):
+        raise ConfigError(
+            "problem.task: esbox grpo does not play environments yet (its prompt rows would not "
+            "tell the episodes apart); train this task with esbox optimize"
+        )
     options = agent_options(problem["agent"])
     common = {"seed": seed, "batch_size": problem["batch_size"]}
     training = build_agent(options, task, backend, greedy=False, validation=None, **common)

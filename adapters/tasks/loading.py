@@ -15,7 +15,11 @@ from .qa import QATask
 from .sources import FIELDS, check_columns, column_options, dataset_rows, load_dataset, read_source
 from .tool_math import ToolMathTask
 
-TASK_KINDS = ("arithmetic", "math", "qa", "tool_math", "multihop_qa", "datasets")
+TASK_KINDS = (
+    "arithmetic", "math", "qa", "tool_math", "tool_chain", "multihop_qa", "datasets",
+    "reasoning_gym", "textarena",
+)  # fmt: skip
+ENVIRONMENT_KINDS = ("textarena",)  # tasks whose trajectories play an environment
 
 
 def load_task(spec: Mapping[str, Any]) -> Task:
@@ -23,6 +27,10 @@ def load_task(spec: Mapping[str, Any]) -> Task:
 
     * ``{"kind": "arithmetic", "digits": 2, "ops": ["+"], "seed": 0}``
     * ``{"kind": "tool_math", "families": ["product", "sum"], "seed": 0}``
+    * ``{"kind": "tool_chain", "horizon": 4, "branching": False}``: h dependent calculator steps
+    * ``{"kind": "reasoning_gym", "name": "chain_sum", "size": 1000, "seed": 0, "config": {}}``
+    * ``{"kind": "textarena", "id": "Sudoku-v0", "kwargs": {"clues": 77, "max_turns": 8}}``
+      (episodes of a game, for agent runs)
     * ``{"kind": "multihop_qa", "kb_seed": 0}`` (the synthetic 2-hop base) or
       ``{"kind": "multihop_qa", "path": "hotpot.jsonl", "corpus_path": "docs.jsonl"}``
     * ``{"kind": "math", "path": "train.jsonl", "heldout_path": "test.jsonl",
@@ -51,6 +59,18 @@ def _build_task(kind: Any, opts: dict[str, Any]) -> Task:
         return ArithmeticTask(**opts)
     if kind == "tool_math":
         return ToolMathTask(**opts)
+    if kind == "tool_chain":
+        from .chain import ToolChainTask
+
+        return ToolChainTask(**opts)
+    if kind == "reasoning_gym":
+        from .reasoning_gym import ReasoningGymTask
+
+        return ReasoningGymTask(**opts)
+    if kind == "textarena":
+        from .games import TextArenaTask
+
+        return TextArenaTask(**opts)
     if kind == "multihop_qa":
         if "path" in opts:
             return MultiHopQATask.from_files(
