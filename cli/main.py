@@ -15,6 +15,7 @@ from esbox.cli.optimize import optimize
 from esbox.cli.report import report
 from esbox.cli.resume import resume
 from esbox.cli.strategies_cmd import strategies
+from esbox.cli.tasks_cmd import tasks
 from esbox.cli.trajectories import trajectories
 from esbox.errors import ConfigError, ResumeError
 
@@ -40,6 +41,7 @@ def cli() -> None:
       esbox report runs/copes-*            # plots + a table of final figures
       esbox resume RUN_DIR                 # continue an interrupted run
       esbox strategies                     # strategies and their options
+      esbox tasks reasoning_gym            # task kinds, datasets, games
       esbox evaluate --model smollm2       # score an LLM on a task
       esbox trajectories RUN_DIR           # an agent run's conversations
     """
@@ -50,6 +52,7 @@ cli.add_command(grpo)
 cli.add_command(resume)
 cli.add_command(report)
 cli.add_command(strategies)
+cli.add_command(tasks)
 cli.add_command(evaluate_cmd)
 cli.add_command(convert_model)
 cli.add_command(memory_cmd)
