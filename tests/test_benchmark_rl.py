@@ -57,7 +57,7 @@ def made_up_result(tmp_path: Path) -> dict:
 
 
 def test_the_report_pairs_questions_and_divides_by_grpos_gain(tmp_path) -> None:
-    from benchmarks.rl import report
+    from benchmarks.rl_report import report
 
     args = Namespace(samples=1, tuning=3, seeds=2, validation=5, heldout=4, cpu_minutes=1.0)
     text, tables = report(made_up_result(tmp_path), ["copes", "grpo"], args)
@@ -78,7 +78,7 @@ def test_the_report_pairs_questions_and_divides_by_grpos_gain(tmp_path) -> None:
 
 
 def test_a_run_that_stopped_before_its_budget_is_flagged(tmp_path) -> None:
-    from benchmarks.rl import report
+    from benchmarks.rl_report import report
 
     result = made_up_result(tmp_path)
     result["finals"][2].results["stop_reason"] = "epochs"
