@@ -1,5 +1,6 @@
 """``esbox evaluate``: score a model on a task split — single answers, or multi-turn tool-use
-rollouts with ``--agent`` (accuracy, pass@k and the tool-use figures)."""
+rollouts with ``--agent`` (accuracy, pass@k and the tool-use figures); or trained runs side by
+side (:mod:`esbox.cli.evaluate_runs`)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,13 @@ def parse_agent(text: str) -> dict[str, Any]:
 
 
 @click.command("evaluate")
-@click.option("--model", required=True, help="local HF model directory, hub name, or 'smollm2'")
+@click.argument("run_dirs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--model", default=None, help="local HF model directory, hub name, or 'smollm2'")
+@click.option(
+    "--base",
+    is_flag=True,
+    help="with RUN_DIRs: also the untrained model the runs started from (problem.model)",
+)
 @click.option(
     "--task",
     "task_text",
@@ -82,8 +89,8 @@ def parse_agent(text: str) -> dict[str, Any]:
 @click.option(
     "--dtype",
     type=click.Choice(["float32", "bfloat16", "float16"]),
-    default="float32",
-    show_default=True,
+    default=None,
+    help="weight dtype (default: float32; with RUN_DIRs the runs' problem.dtype)",
 )
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
@@ -103,9 +110,10 @@ def parse_agent(text: str) -> dict[str, Any]:
 @click.option(
     "--trajectories",
     "trajectories_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     default=None,
-    help="with --agent: write every trajectory to this JSONL file",
+    help="with --agent: write every trajectory to this JSONL file; with RUN_DIRs of agent "
+    "runs: to DIR/<run>.jsonl (DIR/base.jsonl)",
 )
 @click.option(
     "--threads",
@@ -115,13 +123,15 @@ def parse_agent(text: str) -> dict[str, Any]:
     help="torch CPU threads (0: torch's default)",
 )
 def evaluate_cmd(
-    model: str,
+    run_dirs: tuple[Path, ...],
+    model: str | None,
+    base: bool,
     task_text: str,
     split: str,
     limit: int | None,
     samples: int,
     max_new_tokens: int | None,
-    dtype: str,
+    dtype: str | None,
     device: str,
     batch_size: int,
     out: Path | None,
@@ -129,7 +139,8 @@ def evaluate_cmd(
     trajectories_path: Path | None,
     threads: int,
 ) -> None:
-    """Score a model on a task split: accuracy, mean reward and unbiased pass@k.
+    """Score a model on a task split: accuracy, mean reward and unbiased pass@k; or trained
+    runs (RUN_DIRs of esbox optimize or esbox grpo) side by side.
 
     With --agent each question is a multi-turn tool-use rollout (docs/agents.md), scored on
     its final answer, and the tool-use figures join the table: tool-call rate (trajectories
@@ -144,12 +155,34 @@ def evaluate_cmd(
         --task '{kind: math, path: train.jsonl, heldout_path: test.jsonl}'
       esbox evaluate --model smollm2 --limit 50 --agent '{tools: [python], max_turns: 4}' \\
         --task '{kind: math, path: train.jsonl, heldout_path: test.jsonl, instruction: ""}'
+
+    With RUN_DIRs each run's model/ is scored with the task, agent settings, answer length and
+    dtype of its config.yaml (the runs must agree on them), all on the same questions with the
+    same sampling; --base adds the model they started from. One table: accuracy (SE), the
+    change against the first model with its paired SE, questions gained and lost, pass@k and
+    the tool-use figures:
+
+    \b
+      esbox evaluate runs/agent-math-copes runs/agent-math-openai_es --base --limit 300
     """
+    if run_dirs:
+        from esbox.cli.evaluate_runs import Settings, evaluate_runs
+
+        _check_run_flags(model, max_new_tokens)
+        settings = Settings(base, split, limit, samples, dtype, device, batch_size, out,
+                            trajectories_path)  # fmt: skip
+        _set_threads(threads)
+        return evaluate_runs(run_dirs, settings)
+    if base:
+        raise CLIError("--base adds the start model of RUN_DIRs: give run directories")
+    if model is None:
+        raise CLIError("give --model MODEL, or run directories to compare: esbox evaluate RUN_DIR")
     from esbox.adapters.agents.config import agent_options
     from esbox.adapters.generation import HFBackend
     from esbox.adapters.models import load_model
     from esbox.adapters.problems import resolve_model_path
-    from esbox.adapters.tasks import evaluate, load_task
+    from esbox.adapters.problems.scoring import score_model
+    from esbox.adapters.tasks import load_task
 
     agent = None
     if agent_text is not None:
@@ -167,32 +200,24 @@ def evaluate_cmd(
         examples = task.split(split)[:limit]
         if agent is not None and any(isinstance(e.prompt, str) for e in examples):
             raise ValueError("--agent needs chat prompts: leave the task's chat option on")
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
-        loaded, tokenizer = load_model(resolve_model_path(model), dtype=dtype, device=device)
+        _set_threads(threads)
+        path = resolve_model_path(model)
+        loaded, tokenizer = load_model(path, dtype=dtype or "float32", device=device)
     except (ValueError, ImportError, OSError) as exc:
         raise CLIError(str(exc)) from None
     total = len(examples)
     # a live bar on a terminal (tqdm stays silent when stderr is not one)
-    with tqdm(total=total, unit="question", dynamic_ncols=True, leave=False, disable=None) as bar:
-        if agent is not None:
-            figures = _evaluate_agent(
-                agent, task, examples, HFBackend(loaded, tokenizer), samples, batch_size,
-                bar.update, trajectories_path,
+    bar = tqdm(total=total, unit="question", dynamic_ncols=True, leave=False, disable=None)
+    with bar, user_errors("--agent: " if agent is not None else ""):
+        score = score_model(
+                task, examples, HFBackend(loaded, tokenizer), agent=agent, samples=samples,
+                batch_size=batch_size, max_new_tokens=max_new_tokens, progress=bar.update,
+                note=lambda text: click.echo(f"note: {text}", err=True),
             )  # fmt: skip
-        else:
-            figures = evaluate(
-                task,
-                HFBackend(loaded, tokenizer),
-                split=split,
-                limit=limit,
-                num_samples=samples,
-                max_new_tokens=max_new_tokens,
-                batch_size=batch_size,
-                progress=bar.update,
-            )
+    figures = score.figures
+    if trajectories_path is not None:
+        with trajectories_path.open("w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in score.records or [])
     click.echo("| metric | value |\n|---|---|")
     for key, value in figures.items():
         click.echo(f"| {key} | {value:.4g} |")
@@ -203,34 +228,25 @@ def evaluate_cmd(
         out.write_text(json.dumps({**record, **figures}, indent=2))
 
 
-def _evaluate_agent(
-    options: Any,
-    task: Any,
-    examples: list[Any],
-    backend: Any,
-    samples: int,
-    batch_size: int,
-    progress: Any,
-    trajectories_path: Path | None,
-) -> dict[str, float]:
-    """``esbox evaluate --agent``: the rollouts' figures; the trajectories to a JSONL file."""
-    from esbox.adapters.agents.config import build_agent
-    from esbox.adapters.agents.evaluator import evaluate_agent, trajectory_records
+def _check_run_flags(model: str | None, max_new_tokens: int | None) -> None:
+    """With RUN_DIRs the model, task, agent and answer length come from the runs' configs."""
+    source = click.get_current_context().get_parameter_source
+    given = [f"--{n}" for n in ("task_text", "agent_text") if source(n).name == "COMMANDLINE"]
+    if model is not None:
+        given.insert(0, "--model")
+    if max_new_tokens is not None:
+        given.append("--max-new-tokens")
+    if given:
+        flag = given[0].replace("_text", "")
+        raise CLIError(
+            f"{flag} with RUN_DIRs: each run is scored with its own config.yaml (problem.model, "
+            "task, agent, max_new_tokens); evaluate one model with --model instead"
+        )
 
-    with user_errors("--agent: "):
-        parts = build_agent(
-            options, task, backend, seed=0, batch_size=batch_size, greedy=samples == 1,
-            validation=None,
-        )  # fmt: skip
-    loop = parts.evaluator.loop
-    for tool in loop.tools.values():
-        if hasattr(tool, "sandbox"):
-            click.echo(f"note: {tool.name} tool: {tool.sandbox.describe()}", err=True)
-    figures, trajectories = evaluate_agent(
-        parts.evaluator, examples, num_samples=samples, batch_size=batch_size, progress=progress
-    )
-    if trajectories_path is not None:
-        records = trajectory_records(task, loop, examples, trajectories)
-        with trajectories_path.open("w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    return figures
+
+def _set_threads(threads: int) -> None:
+    """torch's CPU threads (0: leave torch's default)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)

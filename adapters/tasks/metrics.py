@@ -74,6 +74,11 @@ def summarize(
     return out
 
 
+def pass_ks(num_samples: int) -> list[int]:
+    """The k of the pass@k an evaluation reports: 1, 2, 4, ... up to ``num_samples``, and it."""
+    return sorted({1, num_samples} | {2**i for i in range(num_samples.bit_length())})
+
+
 def evaluate(
     task: Any,
     backend: Any,
@@ -97,10 +102,7 @@ def evaluate(
     """
     examples = task.split(split)[:limit]
     if ks is None:
-        ks = sorted(
-            {1, num_samples}
-            | {2**i for i in range(num_samples.bit_length()) if 2**i <= num_samples}
-        )
+        ks = pass_ks(num_samples)
     correct, rewards = score_examples(
         task, backend, examples, num_samples=num_samples, greedy=greedy, seed=seed,
         max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress,
