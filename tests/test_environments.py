@@ -9,6 +9,7 @@ import json
 import random
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -296,14 +297,26 @@ SUDOKU = (
 TURNS = "{tools: [], max_turns: 3, max_tokens: 36, max_new_tokens: 12}"
 
 
-def test_es_plays_sudoku_end_to_end_and_logs_every_turn(tiny_lm, tmp_path):
-    result = run(tiny_lm, tmp_path / "run", SUDOKU, TURNS)
+def test_the_sudoku_example_trains_with_es_and_logs_every_turn(tiny_lm, tmp_path):
+    example = Path(__file__).parent.parent / "examples" / "agent-sudoku.yaml"
+    sets = [
+        f"problem.model={tiny_lm}", "problem.dtype=float32", "problem.batch_size=2",
+        "problem.table_size=65536", "problem.chunk_size=65536", "problem.validation_limit=2",
+        "problem.validation_every=2", "problem.task.train_size=8", "problem.task.heldout_size=2",
+        "problem.agent.max_tokens=36", "problem.agent.max_new_tokens=12",
+        "options.population=4", "options.subspaces=2", "budget.max_steps=2",
+    ]  # fmt: skip
+    args = ["optimize", "-q", "-c", str(example), "--out", str(tmp_path / "run")]
+    for item in sets:
+        args += ["--set", item]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert len(metrics) == 2 and "agent_env_reward" in metrics[0] and "val_env_reward" in metrics[1]
     records = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").open()]
     first = records[0]
-    assert "Sudoku" in first["messages"][0]["content"] and first["system"] == ""
+    assert first["messages"][0]["role"] == "system" and "[row column number]" in first["system"]
+    assert "You are playing Sudoku" in first["messages"][1]["content"]
     assert first["turns"] == sum(m["role"] == "assistant" for m in first["messages"]) >= 1
     assert first["reward"] == first["env_reward"] and "<tools>" not in json.dumps(first)
 

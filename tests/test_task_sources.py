@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -181,3 +182,22 @@ def test_a_single_turn_reasoning_gym_run_on_a_tiny_model(rg, tmp_path):
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_the_reasoning_gym_example_runs_as_an_agent_task(rg, tmp_path):
+    example = Path(__file__).parent.parent / "examples" / "agent-reasoning-gym.yaml"
+    model = save_tiny_lm(tmp_path / "tiny", max_position_embeddings=4096)
+    sets = [
+        f"problem.model={model}", "problem.dtype=float32", "problem.batch_size=2",
+        "problem.table_size=65536", "problem.chunk_size=65536", "problem.validation_every=0",
+        "problem.task.size=6", "problem.task.heldout_size=2", "problem.agent.max_tokens=24",
+        "problem.agent.max_new_tokens=12", "options.population=4", "options.subspaces=2",
+        "budget.max_steps=1",
+    ]  # fmt: skip
+    args = ["optimize", "-q", "-c", str(example), "--out", str(tmp_path / "run")]
+    for item in sets:
+        args += ["--set", item]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()[0])
+    assert record["question"].startswith("Calculate ") and "calculator" in record["system"]
