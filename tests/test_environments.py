@@ -328,3 +328,32 @@ def test_a_game_without_an_agent_section_or_with_bad_options_exits_2(tiny_lm, tm
     result = run(tiny_lm, tmp_path / "b", bad, TURNS, "--dry-run")
     assert result.exit_code == 2 and "problem.task.kwargs.clues" in result.output
     assert "[17, 80]" in result.output
+
+
+def test_grpo_plays_the_game_through_the_same_loop_one_row_per_episode(tiny_lm, tmp_path):
+    pytest.importorskip("trl")
+    from esbox.adapters.rl import load_grpo_config
+    from esbox.adapters.rl.training import GRPOTraining
+
+    config = {
+        "seed": 0,
+        "problem": {
+            "kind": "llm", "model": str(tiny_lm), "batch_size": 2, "validation_every": 0,
+            "task": {"kind": "textarena", "id": "Sudoku-v0", "kwargs": {"clues": 79},
+                     "train_size": 4, "heldout_size": 1},
+            "agent": {"tools": [], "max_turns": 2, "max_tokens": 16, "max_new_tokens": 8},
+        },
+        "grpo": {"num_generations": 2, "learning_rate": 0.01, "gradient_checkpointing": False},
+        "budget": {"max_steps": 1, "max_evaluations": None},
+        "output": {"dir": str(tmp_path / "run")},
+    }  # fmt: skip
+    (tmp_path / "run").mkdir()
+    built = GRPOTraining(load_grpo_config(config), tmp_path / "run")
+    inputs = built.parts.inputs
+    prompts = inputs.dataset["prompt"]
+    assert len(set(prompts)) == 4 and all("Game Board" in p for p in prompts)  # one per seed
+    rollouts = inputs.rollout_func
+    assert sorted(rollouts.index.values()) == [0, 1, 2, 3]
+    built.run(resume=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert "agent_env_reward" in rows[0] and rows[0]["agent_turns"] >= 1.0

@@ -62,15 +62,14 @@ class AgentOptions:
     )
 
 
-def agent_options(section: dict[str, Any], environment_task: bool = False) -> AgentOptions:
-    """The options of a ``problem.agent`` mapping; ConfigError names a bad key or tool. No tools
-    are needed where the trajectories play an environment (``environment_task``: the task has
-    its own)."""
+def agent_options(section: dict[str, Any]) -> AgentOptions:
+    """The options of a ``problem.agent`` mapping; ConfigError names a bad key or tool. ``tools``
+    may be empty: trajectories that play an environment may need none."""
     options = build_options(AgentOptions, dict(section), where="problem.agent option")
     unknown = [t for t in options.tools if t not in TOOL_NAMES and not _is_import_path(t)]
     if options.environment:
         import_environment(options.environment)  # a typo fails here, before the model loads
-    if unknown or not (options.tools or options.environment or environment_task):
+    if unknown:
         raise ConfigError(
             f"problem.agent.tools must list some of {', '.join(TOOL_NAMES)} or 'module:name' "
             f"paths to your own tools, got {options.tools}"

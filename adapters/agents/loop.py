@@ -160,7 +160,7 @@ class AgentLoop:
         if len(episodes) != len(trajectories):
             raise ValueError(f"{len(episodes)} episodes for {len(trajectories)} conversations")
         toolboxes = [self.toolbox(e) for e in episodes]
-        live = [i for i in range(len(trajectories)) if _start(trajectories[i], episodes[i])]
+        live = [i for i in range(len(trajectories)) if start_episode(trajectories[i], episodes[i])]
         for turn in range(limits.max_turns):
             if not live:
                 break
@@ -236,7 +236,7 @@ class AgentLoop:
         return True
 
 
-def _start(trajectory: Trajectory, episode: Any) -> bool:
+def start_episode(trajectory: Trajectory, episode: Any) -> bool:
     """Reset the trajectory's environment; its first observation joins the last user message
     (as TRL appends it). False when the environment failed to start."""
     if episode is None:

@@ -158,7 +158,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         raise ConfigError(
             f"problem.agent: {task.name} is played in turns: it needs an agent section"
         )
-    agent = agent_options(options.agent, environment_task=plays) if options.agent else None
+    agent = agent_options(options.agent) if options.agent else None
     if options.threads:
         torch.set_num_threads(options.threads)
     path = resolve_model_path(options.model)
@@ -239,12 +239,8 @@ def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
         )
     if problem["agent"]:
         from esbox.adapters.agents.config import agent_options
-        from esbox.adapters.tasks.loading import ENVIRONMENT_KINDS
 
-        plays = (
-            isinstance(problem["task"], dict) and problem["task"].get("kind") in ENVIRONMENT_KINDS
-        )
-        agent_options(problem["agent"], environment_task=plays)
+        agent_options(problem["agent"])
     if problem["context_proposer"] == "none":
         return
     contexts = getattr(strategy, "contexts", None)

@@ -64,7 +64,7 @@ class AgentRollouts:
 
     def first_prompt(self, conversation: Sequence[Any]) -> str:
         """The text the first turn continues: the rendered conversation and the first prefill."""
-        return str(self.loop.prompt(conversation)) + self.prefill(0)
+        return str(self.loop.prompt(conversation, self.evaluator.tools)) + self.prefill(0)
 
     def prefill(self, turn: int) -> str:
         """The text turn ``turn`` starts with (``problem.agent.prefill``)."""
@@ -85,7 +85,8 @@ class AgentRollouts:
             ids = self._ids(written)
             completion, mask, text = completion + ids, mask + [1] * len(ids), text + written
             if t + 1 < len(turns):
-                following = str(self.loop.prompt(messages[: turns[t + 1]])) + self.prefill(t + 1)
+                following = self.loop.prompt(messages[: turns[t + 1]], self.evaluator.tools)
+                following = str(following) + self.prefill(t + 1)
                 if not following.startswith(text):
                     raise ConfigError(
                         "problem.agent: the chat template renders an assistant turn otherwise "
@@ -128,6 +129,18 @@ def completion_logprobs(
     return out
 
 
+def started(evaluator: AgentEvaluator, example: Any) -> list[dict[str, Any]]:
+    """The example's conversation with its environment's first observation, as a rollout starts
+    it: the prompt row that tells one episode from another (a game's rows differ only there)."""
+    from esbox.adapters.agents.episodes import Episode
+    from esbox.adapters.agents.evaluator import episode_row
+    from esbox.adapters.agents.loop import start_episode
+
+    trajectory = Trajectory(merge_system(example.prompt))
+    start_episode(trajectory, Episode(evaluator.environment(), episode_row(example)))
+    return trajectory.messages
+
+
 def check_template(rollouts: AgentRollouts, conversation: Sequence[Any]) -> None:
     """Refuse a template that re-renders an assistant turn (before any training), on a
     made-up trajectory of one call and one answer."""
@@ -151,19 +164,14 @@ def agent_inputs(
 
     from esbox.adapters.agents.config import agent_options, build_agent
 
-    if getattr(task, "environment_factory", None) is not None or problem["agent"].get(
-        "environment"
-    ):
-        raise ConfigError(
-            "problem.task: esbox grpo does not play environments yet (its prompt rows would not "
-            "tell the episodes apart); train this task with esbox optimize"
-        )
     options = agent_options(problem["agent"])
     common = {"seed": seed, "batch_size": problem["batch_size"]}
     training = build_agent(options, task, backend, greedy=False, validation=None, **common)
     training.evaluator.temperature = temperature
     rollouts = AgentRollouts(training.evaluator)
     conversations = [merge_system(e.prompt) for e in task.train]
+    if training.evaluator.environment is not None:  # each row shows its episode's first turn
+        conversations = [started(training.evaluator, e) for e in task.train]
     check_template(rollouts, conversations[0])
     prompts = [rollouts.first_prompt(c) for c in conversations]
     for i, text in enumerate(prompts):
