@@ -72,6 +72,6 @@ def _agent_score(
         parts.evaluator, list(examples), num_samples=samples, batch_size=batch_size,
         progress=progress,
     )  # fmt: skip
-    records = trajectory_records(task, loop, list(examples), trajectories)
+    records = trajectory_records(task, parts.evaluator, list(examples), trajectories)
     correct = [bool(r["correct"]) for r in records if r["sample"] == 0]
     return ModelScore(figures, correct, records)
