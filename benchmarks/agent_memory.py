@@ -31,7 +31,9 @@ CHILD_MODULE = "benchmarks.agent_memory_children"
 DEFAULT_MODEL = "~/.cache/esbox/models/smollm2-135m-instruct"
 CHILD_OPTIONS = ("model", "threads", "tokens", "turns", "reply_tokens", "batch")
 NAMES = {"inference": "plain inference", "es": "ES step", "grpo": "GRPO step (full)",
-         "lora": f"LoRA-GRPO step (r={LORA_RANK})"}  # fmt: skip
+         "lora": f"LoRA-GRPO step (r={LORA_RANK})", "trl_grpo": "TRL GRPOTrainer step (full)",
+         "trl_lora": f"TRL GRPOTrainer step (LoRA r={LORA_RANK})"}  # fmt: skip
+AS_ESTIMATED = {"trl_grpo": "grpo", "trl_lora": "lora"}  # TRL's steps hold the same parts
 # what each run holds above the loaded model (and, for GRPO, its AdamW moments), by the
 # estimate's component names; GRPO's rollout KV cache is not resident in a transformers trainer
 PARTS = {
@@ -46,6 +48,7 @@ Tables = dict[str, tuple[list[str], list[list[Any]]]]
 
 def estimated_parts(estimate: Any, method: str) -> float:
     """MiB of the components ``PARTS[method]`` in an ``estimate_memory`` result."""
+    method = AS_ESTIMATED.get(method, method)
     key = {"inference": "es", "es": "es"}.get(method, method)
     items = estimate.method(key)
     total = sum(items.get(name) for name in PARTS[method] if name != "LoRA gradients")
@@ -57,6 +60,7 @@ def estimated_parts(estimate: Any, method: str) -> float:
 def resident(estimate: Any, method: str, run: dict[str, Any]) -> float:
     """MiB the run held before its peak counter was reset, by the estimate's sizes: the
     weights, and GRPO's reference copy and AdamW moments (measured), LoRA's adapters."""
+    method = AS_ESTIMATED.get(method, method)
     weights = estimate.method("es").get("weights")
     extra = {
         "grpo": estimate.method("grpo").get("reference model (KL)"),
@@ -109,7 +113,23 @@ def tables(runs: dict[int, dict[str, dict[str, Any]]], estimates: dict[int, Any]
         "agent_memory_runs": (headers, rows),
         "agent_memory_steps": (whole_headers, whole),
         "agent_memory_growth": growth(runs, estimates),
+        "agent_memory_trl": against_trl(runs),
     }
+
+
+def against_trl(runs: dict[int, dict[str, dict[str, Any]]]) -> Any:
+    """The hand-written GRPO steps beside TRL's GRPOTrainer on the same trajectories: peak above
+    the loaded model, measured both ways (rows where both ran)."""
+    rows = []
+    for tokens, by_method in runs.items():
+        for own, trl in (("grpo", "trl_grpo"), ("lora", "trl_lora")):
+            if own in by_method and trl in by_method:
+                a, b = (by_method[m]["peak"] - by_method[m]["baseline"] for m in (own, trl))
+                rows.append([f"{tokens:,}", NAMES[own], f"{a:.0f}", f"{b:.0f}", f"{b / a:.2f}",
+                             by_method[trl].get("rows", "-")])  # fmt: skip
+    headers = ["trajectory tokens", "step", "hand-written: peak above the model (MiB)",
+               "TRL GRPOTrainer: the same (MiB)", "TRL / hand-written", "TRL rows"]  # fmt: skip
+    return headers, rows
 
 
 def growth(runs: dict[int, dict[str, dict[str, Any]]], estimates: dict[int, Any]) -> Any:
@@ -152,6 +172,10 @@ def report(runs: Any, estimates: Any, args: argparse.Namespace) -> tuple[str, Ta
         "",
         measure.table(*tabs["agent_memory_growth"], align="lrrr"),
     ]
+    if tabs["agent_memory_trl"][1]:
+        lines += ["", "The hand-written steps against TRL's own (a group of at least 2, TRL's "
+                  "least; no gradient checkpointing on either side):", "",
+                  measure.table(*tabs["agent_memory_trl"], align="llrrrr")]  # fmt: skip
     if not all(run["reset"] for by in runs.values() for run in by.values()):
         lines.append("\n> the peak counter could not be reset: peaks include model loading")
     return "\n".join(lines), tabs

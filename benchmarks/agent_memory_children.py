@@ -8,7 +8,11 @@ prompt, then ``turns`` turns, each a fresh ``generate`` over the whole conversat
 tool result of filler tokens sized so that the trajectory ends at exactly ``tokens`` tokens.
 The parent (:mod:`benchmarks.agent_memory`) runs
 ``python -m benchmarks.agent_memory_children --child '<json>'``; the spec names the child
-(``kind``: inference, es, grpo or lora) and carries the suite's options.
+(``kind``: inference, es, grpo, lora, trl_grpo or trl_lora) and carries the suite's options.
+
+``trl_grpo`` and ``trl_lora`` run TRL's own ``GRPOTrainer`` (peft for LoRA) on the same
+trajectories, handed to it by a ``rollout_func`` with the replies masked in: two optimizer steps,
+the peak measured over the second, a steady-state one, as the hand-written steps measure theirs.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 from benchmarks import measure
 
-METHODS = ("inference", "es", "grpo", "lora")
+METHODS = ("inference", "es", "grpo", "lora", "trl_grpo", "trl_lora")
 LORA_RANK, LORA_ALPHA, KL_BETA = 16, 32, 0.04
 QUESTION = "What is 4821 * 377 + 12.5% of 9600? Use the calculator tool."
 FILLER = " result: 1817517 + 1200 = 1818717, checked twice." * 40
@@ -238,13 +242,88 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def trl_child(args: argparse.Namespace) -> dict[str, Any]:
+    """Two steps of TRL's GRPOTrainer on the trajectories (a group of at least 2, TRL's least);
+    the peak over the second, above the RSS after the first (model, reference, AdamW)."""
+    import tempfile
+
+    import datasets
+    import trl
+    from transformers import TrainerCallback
+
+    from esbox.adapters.rl.agent import completion_logprobs
+
+    env = setup(args)
+    torch, tokenizer = env["torch"], env["tokenizer"]
+    rows = max(2, args.batch)
+    ids, mask = trajectory_ids(env, rows, args.reply_tokens)
+    cut = len(env["prompt"]) + env["layout"]["prompt_extra"]
+    prompt, completion = ids[0, :cut].tolist(), ids[0, cut:].tolist()
+    reply_mask = mask[0, cut:].int().tolist()
+    out: dict[str, Any] = {"runtime": env["runtime"], "layout": env["layout"], "rows": rows}
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        n = len(prompts)
+        logps = completion_logprobs(trainer.model, [prompt], [completion], 1.0)
+        return {"prompt_ids": [prompt] * n, "completion_ids": [completion] * n,
+                "logprobs": logps * n, "env_mask": [reply_mask] * n}  # fmt: skip
+
+    class Measure(TrainerCallback):
+        def on_step_begin(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 1:  # after the warm-up step: AdamW's moments exist
+                optimizer = kwargs["optimizer"]
+                out["adam"] = sum(v.numel() * v.element_size() for st in optimizer.state.values()
+                                  for v in st.values() if torch.is_tensor(v) and v.dim()
+                                  ) / measure.MIB  # fmt: skip
+                out["baseline"], out["reset"] = measure.settle(), measure.reset_peak()
+                out["started"] = time.perf_counter()
+
+        def on_step_end(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 2:
+                out["peak"] = measure.peak_mib()
+                out["step"] = {"seconds": time.perf_counter() - out.pop("started"),
+                               "tokens": rows * len(prompt + completion)}  # fmt: skip
+
+    lora = None
+    if args.child == "trl_grpo":
+        env["model"].requires_grad_(True)  # load_model freezes the weights, as ES needs
+    if args.child == "trl_lora":
+        from peft import LoraConfig
+
+        from esbox.adapters.models.shapes import LORA_TARGETS
+
+        lora = LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                          target_modules=list(LORA_TARGETS))  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        config = trl.GRPOConfig(
+            output_dir=folder, per_device_train_batch_size=rows, num_generations=rows,
+            max_completion_length=len(completion), max_steps=2, beta=KL_BETA, learning_rate=1e-6,
+            lr_scheduler_type="constant", bf16=False, fp16=False, use_cpu=True,
+            gradient_checkpointing=False, save_strategy="no", report_to="none",
+            logging_steps=1, disable_tqdm=True, seed=0,
+        )  # fmt: skip
+        text = tokenizer.decode(prompt)
+        trainer = trl.GRPOTrainer(
+            model=env["model"], args=config, processing_class=tokenizer,
+            reward_funcs=[lambda completions, **_: [float(i % 2) for i in range(len(completions))]],
+            train_dataset=datasets.Dataset.from_dict({"prompt": [text] * (4 * rows)}),
+            rollout_func=rollout, peft_config=lora, callbacks=[Measure()],
+        )  # fmt: skip
+        trainer.train()
+    if lora is not None:
+        out["lora_parameters"] = sum(
+            p.numel() for p in trainer.model.parameters() if p.requires_grad
+        )
+    return out
+
+
 def serve(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the child ``spec["kind"]`` with the suite's options in the rest of the spec."""
     spec = dict(spec)
     args = argparse.Namespace(child=spec.pop("kind"), **spec)
     if args.child not in METHODS:
         raise ValueError(f"unknown agent-memory child {args.child!r}")
-    return child(args)
+    return trl_child(args) if args.child.startswith("trl_") else child(args)
 
 
 if __name__ == "__main__":
