@@ -53,6 +53,7 @@ GRIDS = {  # tuning settings as multiples of the config's: the same count for ev
 }
 GRPO_LEARNING_RATE = 1e-6  # TRL's default, when a config's grpo: section has none
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}
+BUDGET_KEYS = {"cpu": "budget.max_cpu_seconds", "wall": "budget.max_seconds"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,7 +62,9 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tasks", default="arithmetic,agent-math", help="comma-separated")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated")
-    parser.add_argument("--cpu-minutes", type=float, default=5.0, help="CPU budget of a run")
+    parser.add_argument(
+        "--cpu-minutes", type=float, default=5.0, help="budget of a run, in minutes of --clock"
+    )
     parser.add_argument("--tuning", type=int, default=3, help="tuning runs a method (1-3)")
     parser.add_argument("--seeds", type=int, default=2, help="final runs a method")
     parser.add_argument("--validation", type=int, default=50, help="validation questions")
@@ -83,6 +86,26 @@ def parser() -> argparse.ArgumentParser:
         help="a tiny random model and task: tests the protocol, measures nothing",
     )
     parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument(
+        "--clock",
+        choices=tuple(BUDGET_KEYS),
+        default="cpu",
+        help="the equal budget: CPU seconds (a CPU), or wall seconds (one GPU)",
+    )
+    parser.add_argument(
+        "--es-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more --set for the ES runs (repeatable), e.g. problem.backend=vllm",
+    )
+    parser.add_argument(
+        "--grpo-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more --set for the GRPO runs (repeatable), e.g. grpo.use_vllm=true",
+    )
     measure.add_jobs_option(parser)
     measure.add_output_option(parser)
     return parser
@@ -129,7 +152,7 @@ def overrides(run: Run, args: argparse.Namespace) -> list[str]:
     values: dict[str, Any] = {
         **run.setting,
         "seed": run.seed,
-        "budget.max_cpu_seconds": args.cpu_minutes * 60.0,
+        BUDGET_KEYS[args.clock]: args.cpu_minutes * 60.0,
         "budget.max_steps": None,
         "budget.max_seconds": None,
         "budget.max_evaluations": None,
@@ -139,6 +162,9 @@ def overrides(run: Run, args: argparse.Namespace) -> list[str]:
     }
     if args.model:
         values["problem.model"] = args.model
+    for item in args.es_set if run.method in ES_METHODS else args.grpo_set:
+        key, _, value = item.partition("=")
+        values[key] = yaml.safe_load(value)
     if run.method not in ES_METHODS:  # the ES strategy comes as --strategy
         values["grpo.lr_scheduler_type"] = "constant"
         values["grpo.num_train_epochs"] = 10_000  # the CPU budget stops it, not the data

@@ -38,7 +38,8 @@ def score(spec: dict[str, Any]) -> dict[str, Any]:
     task = load_task(problem["task"])
     examples = task.heldout[spec["start"] : spec["stop"]]
     model = problem["model"] if spec.get("base") else str(run_dir / "model")
-    loaded, tokenizer = load_model(resolve_model_path(model), dtype=problem["dtype"])
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the same device for every model
+    loaded, tokenizer = load_model(resolve_model_path(model), dtype=problem["dtype"], device=device)
     backend = HFBackend(loaded, tokenizer)
     start = time.process_time()
     greedy, figures = _rollouts(problem, task, examples, backend, 1, spec)
@@ -71,7 +72,7 @@ def _rollouts(
     batch_size = int(spec.get("batch_size", 64))
     if problem.get("agent"):
         from esbox.adapters.agents.config import agent_options, build_agent
-        from esbox.adapters.agents.evaluator import evaluate_agent
+        from esbox.adapters.agents.evaluator import evaluate_agent, is_correct
 
         options = agent_options(problem["agent"])
         parts = build_agent(
@@ -87,7 +88,7 @@ def _rollouts(
             parts.evaluator, examples, num_samples=samples, batch_size=batch_size
         )
         correct = [
-            [int(task.is_correct(t.final or "", e)) for t in ts]
+            [int(is_correct(task, t, e)) for t in ts]  # an environment's own success too
             for ts, e in zip(trajectories, examples, strict=True)
         ]
         return correct, figures

@@ -13,6 +13,12 @@ from typing import Any
 from benchmarks import measure
 
 ES_METHODS = ("copes", "openai_es")
+STOPS = {"cpu": "max_cpu_seconds", "wall": "max_seconds"}
+
+
+def clock_name(args: argparse.Namespace) -> str:
+    """What the budget counts: CPU-minutes, or wall-minutes (one GPU: GPU-minutes)."""
+    return "CPU-minutes" if getattr(args, "clock", "cpu") == "cpu" else "GPU-minutes (wall)"
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -121,7 +127,7 @@ def report(result: dict[str, Any], methods: list[str], args: argparse.Namespace)
     notes = [
         f"- {args.tuning} tuning run(s) a method on questions 0-{args.validation - 1} of the "
         f"held-out split; {args.seeds} seed(s) of the chosen setting, each "
-        f"{args.cpu_minutes:g} CPU-minutes; tested on questions {args.validation}-"
+        f"{args.cpu_minutes:g} {clock_name(args)}; tested on questions {args.validation}-"
         f"{args.validation + args.heldout - 1} (accuracy: greedy, mean over seeds; pass@k: "
         f"{args.samples} sampled rollouts a question)."
     ]
@@ -129,7 +135,7 @@ def report(result: dict[str, Any], methods: list[str], args: argparse.Namespace)
         {
             f"{r.method} seed {r.seed} ({r.results['stop_reason']})"
             for r in result["tuning"] + result["finals"]
-            if r.results["stop_reason"] != "max_cpu_seconds"
+            if r.results["stop_reason"] != STOPS[getattr(args, "clock", "cpu")]
         }
     )
     if early:
@@ -142,7 +148,7 @@ def report(result: dict[str, Any], methods: list[str], args: argparse.Namespace)
             "",
             measure.table(tune_headers, tune_rows),
             "",
-            f"### {task}: held-out test at {args.cpu_minutes:g} CPU-minutes a run",
+            f"### {task}: held-out test at {args.cpu_minutes:g} {clock_name(args)} a run",
             "",
             measure.table(headers, rows, "l" + "r" * (len(headers) - 1)),
             "",
