@@ -43,6 +43,7 @@ def cli() -> None:
       esbox strategies                     # strategies and their options
       esbox tasks reasoning_gym            # task kinds, datasets, games
       esbox evaluate --model smollm2       # score an LLM on a task
+      esbox evaluate RUN_DIR ... --base    # trained runs against their base model
       esbox trajectories RUN_DIR           # an agent run's conversations
     """
 
