@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import measure
+from esbox.adapters.tasks.paired import standard_error
 
 ES_METHODS = ("copes", "openai_es")
 STOPS = {"cpu": "max_cpu_seconds", "wall": "max_seconds"}
@@ -23,9 +24,7 @@ def clock_name(args: argparse.Namespace) -> str:
 
 def mean_se(values: list[float]) -> tuple[float, float]:
     """Mean and standard error of per-question values."""
-    mean = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-    return mean, se
+    return statistics.fmean(values), standard_error(values)
 
 
 def per_question(scores: list[dict[str, Any]]) -> list[float]:
