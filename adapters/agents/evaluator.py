@@ -24,6 +24,7 @@ from esbox.adapters.models.batched import LowRankPopulation
 from esbox.adapters.models.space import TorchModuleSpace
 from esbox.adapters.tasks.base import Example, Task
 from esbox.adapters.tasks.batched_rollouts import BatchedRolloutEvaluator
+from esbox.adapters.tasks.metrics import pass_ks
 from esbox.adapters.tasks.metrics import summarize as summarize_correct
 from esbox.adapters.tasks.rollouts import HeldoutValidation
 from esbox.space import ParameterSpace
@@ -302,8 +303,7 @@ def evaluate_agent(
     pairs = list(zip(per_example, examples, strict=True))
     correct = [[is_correct(task, t, e) for t in ts] for ts, e in pairs]
     rewards = [[t.reward for t in ts] for ts in per_example]
-    ks = sorted({1 << i for i in range(num_samples.bit_length())} | {num_samples})
-    ranked = summarize_correct(correct, ks=ks)
+    ranked = summarize_correct(correct, ks=pass_ks(num_samples))
     figures = {
         "accuracy": ranked.pop("accuracy"),
         "mean_reward": float(np.nanmean(rewards)) if np.isfinite(rewards).any() else math.nan,
