@@ -23,6 +23,7 @@ SUITES: dict[str, str] = {
     "lowrank": "benchmarks.lowrank",
     "generation": "benchmarks.generation",
     "rl": "benchmarks.rl",
+    "horizon": "benchmarks.horizon",
 }
 
 
