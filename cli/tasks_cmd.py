@@ -29,6 +29,6 @@ def tasks(kind: str | None) -> None:
         else:
             raise CLIError(f"esbox tasks lists the names of {' or '.join(LISTED)}, not {kind!r}")
         listed = names()
-    except ImportError as exc:
+    except (ImportError, ValueError) as exc:  # ConfigError: the package is missing
         raise CLIError(str(exc)) from None
     click.echo(click.wrap_text("  ".join(listed), width=100))

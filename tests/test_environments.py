@@ -357,3 +357,11 @@ def test_grpo_plays_the_game_through_the_same_loop_one_row_per_episode(tiny_lm, 
     built.run(resume=False)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert "agent_env_reward" in rows[0] and rows[0]["agent_turns"] >= 1.0
+
+
+def test_a_missing_textarena_is_a_config_error_naming_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "textarena.envs.registration", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"pip install 'esbox\[environments\]'"):
+        load_task({"kind": "textarena", "id": "Sudoku-v0"})

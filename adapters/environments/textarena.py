@@ -59,7 +59,7 @@ def _registry() -> Mapping[str, Any]:
     try:
         from textarena.envs.registration import ENV_REGISTRY
     except ImportError as exc:
-        raise ImportError(INSTALL) from exc
+        raise ConfigError(f"problem.task: {INSTALL}") from exc  # exit 2, not a traceback
     return ENV_REGISTRY
 
 

@@ -22,7 +22,7 @@ def dataset_names() -> list[str]:
     try:
         from reasoning_gym.factory import DATASETS
     except ImportError as exc:
-        raise ImportError(INSTALL) from exc
+        raise ConfigError(f"problem.task: {INSTALL}") from exc  # exit 2, not a traceback
     return sorted(DATASETS)
 
 
