@@ -22,6 +22,7 @@ SUITES: dict[str, str] = {
     "scale": "benchmarks.scale",
     "lowrank": "benchmarks.lowrank",
     "generation": "benchmarks.generation",
+    "coco": "benchmarks.coco",
     "rl": "benchmarks.rl",
     "horizon": "benchmarks.horizon",
 }

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from esbox.choice import choose_strategy
 from esbox.evaluation import FunctionEvaluator
 from esbox.registry import make_strategy
 from esbox.restarts import restarting
@@ -50,7 +51,7 @@ class Result:
 def optimize(
     fn: Callable[[np.ndarray], Any],
     x0: np.ndarray | Sequence[float],
-    strategy: str = "copes",
+    strategy: str = "auto",
     *,
     budget: int | Budget | None = None,
     max_steps: int | None = None,
@@ -70,7 +71,8 @@ def optimize(
     restarts: Any = "auto",
     **strategy_options: Any,
 ) -> Result:
-    """Optimize ``fn`` from ``x0`` with strategy ``strategy``.
+    """Optimize ``fn`` from ``x0`` with strategy ``strategy`` (``auto``: picked by d and the
+    budget, see ``esbox.choice``; ``Result.strategy`` names the pick).
 
     ``budget`` counts evaluations (or pass a ``Budget``); ``max_steps``/``max_time`` add step and
     wall-time limits. ``fn`` takes one vector, or a (B, d) batch when ``batched``. With
@@ -80,11 +82,15 @@ def optimize(
     than one step is a ``ConfigError``. ``restarts`` (a kind, ``ipop``, ``bipop``, ``stop`` or
     ``none``, or a mapping of ``esbox.restarts.RestartOptions``) says what happens when sigma
     collapses or progress stops: by default (``auto``) an IPOP restart from a new start point;
-    ``best_value`` is the best over all restarts.
+    ``best_value`` is the best over all restarts, and after a restart ``x`` is ``best_x``.
     """
     if not isinstance(budget, Budget):
         budget = Budget(max_evaluations=budget, max_steps=max_steps, max_seconds=max_time)
     space = VectorSpace(x0, dtype=dtype, chunk_size=chunk_size)
+    label = strategy
+    if strategy == "auto":
+        strategy, picked, label = choose_strategy(space.dimension, budget.max_evaluations)
+        strategy_options = {**picked, **strategy_options}
 
     def build(run_seed: int, **overrides: Any) -> Any:
         return make_strategy(strategy, space, seed=run_seed, **{**strategy_options, **overrides})
@@ -105,14 +111,18 @@ def optimize(
     if resume is not None:
         runner.resume(resume)
     reason = runner.run()
+    log = [dict(r) for r in getattr(es, "restart_log", ())]
+    x = space.vector.copy()
+    if log and evaluator.best_x is not None:  # the last restart's point may be unfinished
+        x = evaluator.best_x.copy()
     return Result(
-        x=space.vector.copy(),
+        x=x,
         best_x=evaluator.best_x,
         best_value=evaluator.best_value,
         evaluations=runner.evaluations,
         steps=es.step,
         stop_reason=reason,
         history=runner.history,
-        strategy=strategy,
-        restarts=[dict(r) for r in getattr(es, "restart_log", ())],
+        strategy=label,
+        restarts=log,
     )

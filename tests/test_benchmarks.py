@@ -288,3 +288,34 @@ def test_generation_quick_on_a_tiny_model(tmp_path: Path, capsys: pytest.Capture
     ]
     assert all(float(row[2]) > 0 for row in rows[1:])  # tokens/s of every cell
     assert "sys share at most" in out and "time per sequence" in out
+
+
+def test_coco_quick_writes_coco_data_that_agrees_with_its_tables(tmp_path: Path) -> None:
+    """``python -m benchmarks coco --quick`` (bbob f1 and f15 at d = 10, 100 d evaluations) on
+    esbox's default and pycma IPOP: a COCO data folder per method whose final values match the
+    suite's own record of each run (f - f_opt, so f_opt is right), and ECDF tables."""
+    pytest.importorskip("cocoex")
+    pytest.importorskip("cma")
+    from benchmarks import coco
+
+    argv = ["--quick", "--strategies", "", "--peers", "pycma-ipop", "--jobs", "1",
+            "--no-cocopp", "--out", str(tmp_path)]  # fmt: skip
+    assert coco.main(argv) == 0
+    runs = read_csv(tmp_path / "coco_runs.csv")
+    head, rows = runs[0], runs[1:]
+    assert {(r[0], r[3]) for r in rows} == {(m, f) for m in ("esbox-default", "pycma-ipop")
+                                            for f in ("1", "15")}  # fmt: skip
+    for row in rows:
+        record = dict(zip(head, row, strict=True))
+        assert not record["error"] and int(record["evaluations"]) <= 1000 + 40
+        info = tmp_path / "exdata" / f"{record['method']}-bbob-d10" / f"bbobexp_f{row[3]}.info"
+        assert f"algId = '{record['method']}'" in info.read_text()
+        evaluations, final = info.read_text().splitlines()[-1].split(", 1:")[1].split("|")
+        assert int(evaluations) == int(record["evaluations"])
+        assert float(final) == pytest.approx(float(record["best f - f_opt"]), rel=0.05)
+    sphere = [dict(zip(head, r, strict=True)) for r in rows if r[3] == "1"]
+    assert all(int(r["targets reached"]) >= 30 for r in sphere)  # f - f_opt < 1e-4 on f1
+    table = read_csv(tmp_path / "coco_bbob_d10.csv")
+    assert [r[0] for r in table[1:]] == ["esbox-default", "pycma-ipop"]
+    assert all(0.0 <= float(v) <= 1.0 for r in table[1:] for v in r[1:-2])
+    assert (tmp_path / "coco_ecdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

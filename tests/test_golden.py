@@ -27,6 +27,7 @@ D, STEPS, SEED = 16, 6, 7
 BASE = {"population": 8, "sigma": 0.1, "learning_rate": 0.05}
 EXTRA = {"copes": {"subspaces": 2}}
 VARIANTS = {"sgd": {}, "adam": {"optimizer": "adam", "weight_decay": 0.01}}
+OWN_STEPS = {"cma": ("adam",)}  # pycma moves to its own mean: optimizer options are refused
 NAMES = sorted(esbox.available_strategies())
 
 
@@ -90,6 +91,8 @@ def compare(got: Any, want: Any, where: str = "") -> None:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("name", NAMES)
 def test_seeded_run_matches_its_golden_file(name: str, variant: str) -> None:
+    if variant in OWN_STEPS.get(name, ()):
+        pytest.skip(f"{name} makes its own steps: no {variant} optimizer")
     path = GOLDEN / f"{name}-{variant}.json"
     got = json.loads(json.dumps(record(name, variant)))
     if UPDATE:

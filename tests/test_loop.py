@@ -116,7 +116,7 @@ def test_optimize_without_a_budget_is_refused() -> None:
 
 def test_unknown_strategy_in_optimize_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="openai_es"):
-        esbox.optimize(sphere, x0(), "cma", budget=10)
+        esbox.optimize(sphere, x0(), "cma_es", budget=10)
 
 
 def test_maximize_is_minimize_of_the_negation() -> None:
