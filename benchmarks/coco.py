@@ -122,7 +122,7 @@ def plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], lis
                               "instances": instances, "multiplier": multiplier,
                               "folder": name, "root": root,
                               "algorithm": label(method)})  # fmt: skip
-    specs.sort(key=lambda s: -s["d"])  # the heaviest first
+    specs.sort(key=lambda s: s["d"])  # the smallest first: a cut-short run has whole d rows
     return specs, methods, notes
 
 
@@ -137,7 +137,7 @@ def run_all(specs: list[dict[str, Any]], jobs: int, log: Path) -> list[dict[str,
     appended to ``log`` (JSON lines), so ``--from-rows`` can tabulate a cut-short run."""
     import json
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from benchmarks.coco_runs import run
     from benchmarks.quality_runs import init_worker
@@ -145,7 +145,8 @@ def run_all(specs: list[dict[str, Any]], jobs: int, log: Path) -> list[dict[str,
     context = multiprocessing.get_context("spawn")
     rows = []
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=init_worker) as pool:
-        for result in pool.map(run, specs):
+        for future in as_completed([pool.submit(run, spec) for spec in specs]):
+            result = future.result()
             rows.extend(result)
             with open(log, "a") as handle:
                 handle.writelines(json.dumps(row) + "\n" for row in result)
@@ -239,18 +240,45 @@ def figure(rows: list[dict[str, Any]], methods: list[str], path: str) -> str:
     return path
 
 
+def merge_folders(data: Path, merged: Path) -> dict[str, list[Path]]:
+    """One COCO data folder per (method, suite) from the per-d folders the workers wrote (the
+    ``.info`` files concatenated, the data files, named by d, side by side): cocopp then sees
+    one algorithm per method. Returns the merged folders by suite."""
+    import shutil
+
+    by_suite: dict[str, list[Path]] = defaultdict(list)
+    shutil.rmtree(merged, ignore_errors=True)
+    for folder in sorted(p for p in data.iterdir() if p.is_dir()):
+        name, _, _ = folder.name.rpartition("-d")
+        target = merged / name
+        if not target.exists():
+            by_suite["bbob-largescale" if name.endswith("-largescale") else "bbob"].append(target)
+        for path in folder.rglob("*"):
+            if path.is_file():
+                out = target / path.relative_to(folder)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                text = path.read_text()
+                with open(out, "a") as handle:  # .info: the runs of another d appended
+                    handle.write(text if text.endswith("\n") else text + "\n")
+    return dict(by_suite)
+
+
 def postprocess(data: Path, out: Path) -> str:
-    """cocopp on the local data folders only (no archive lookups); returns a line saying so."""
+    """cocopp on the local data folders only (no archive lookups), one report per suite under
+    ``out``; returns a line saying where."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import cocopp
 
-        folders = sorted(str(p) for p in data.iterdir() if p.is_dir())
         cocopp.genericsettings.isConv = False
-        cocopp.main(["-o", str(out), *folders])
-    return f"cocopp: {len(folders)} data folders -> {out}/index.html"
+        lines = []
+        for suite, folders in merge_folders(data, data.parent / "exdata-merged").items():
+            target = out / suite
+            cocopp.main(["-o", str(target), *map(str, folders)])
+            lines.append(f"cocopp: {len(folders)} algorithms on {suite} -> {target}/index.html")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
