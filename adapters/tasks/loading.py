@@ -17,7 +17,7 @@ from .tool_math import ToolMathTask
 
 TASK_KINDS = (
     "arithmetic", "math", "qa", "tool_math", "tool_chain", "multihop_qa", "datasets",
-    "reasoning_gym", "textarena",
+    "reasoning_gym", "textarena", "ahd_binpacking", "ahd_tsp",
 )  # fmt: skip
 ENVIRONMENT_KINDS = ("textarena",)  # tasks whose trajectories play an environment
 
@@ -31,6 +31,8 @@ def load_task(spec: Mapping[str, Any]) -> Task:
     * ``{"kind": "reasoning_gym", "name": "chain_sum", "size": 1000, "seed": 0, "config": {}}``
     * ``{"kind": "textarena", "id": "Sudoku-v0", "kwargs": {"clues": 77, "max_turns": 8}}``
       (episodes of a game, for agent runs)
+    * ``{"kind": "ahd_binpacking", "n_items": 100, "capacity": 100, "instances": 4}`` or
+      ``{"kind": "ahd_tsp", "n_cities": 30}``: the model writes a heuristic, run in the sandbox
     * ``{"kind": "multihop_qa", "kb_seed": 0}`` (the synthetic 2-hop base) or
       ``{"kind": "multihop_qa", "path": "hotpot.jsonl", "corpus_path": "docs.jsonl"}``
     * ``{"kind": "math", "path": "train.jsonl", "heldout_path": "test.jsonl",
@@ -71,6 +73,11 @@ def _build_task(kind: Any, opts: dict[str, Any]) -> Task:
         from .games import TextArenaTask
 
         return TextArenaTask(**opts)
+    if kind in ("ahd_binpacking", "ahd_tsp"):
+        from .ahd_binpacking import BinPackingTask
+        from .ahd_tsp import TSPTask
+
+        return (BinPackingTask if kind == "ahd_binpacking" else TSPTask)(**opts)
     if kind == "multihop_qa":
         if "path" in opts:
             return MultiHopQATask.from_files(

@@ -1,0 +1,255 @@
+"""Automatic heuristic design (AHD, the FunSearch / EoH family): the model writes one function, the
+sandbox runs it on seeded problem instances, and the solution quality against a reference
+heuristic is the reward.
+
+Each example holds ``instances`` instances of one problem (train and held-out from separate seed
+streams, never sharing an instance). A completion's code is the last fenced code block that
+defines the function (else the text from its ``def``); it runs only in esbox's sandbox
+(:mod:`esbox.adapters.agents.sandbox`), inside a program made of :mod:`.ahd_runtime`, the code
+and a call of ``main``, which prints the solutions it built. The host checks every solution and
+measures its cost ``c`` (lower is better), summed over the example's instances, against the
+reference's cost ``c_ref`` on the same instances:
+
+    reward = clip((c_ref - c) / c_ref, 0, 1)        (0 when c_ref = 0)
+
+so the reference heuristic scores 0, and a heuristic no better than it scores 0 too. Code that
+fails (no function, an exception, the wrong return type, a time, memory or output limit, an
+invalid solution) scores 0 and is a counted error: ``errors`` and ``error_kinds`` on the task,
+``metrics()`` as figures. The run goes on. ``is_correct`` means "beats the reference", so an
+evaluation's accuracy is the fraction of examples on which the code beats it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from esbox.errors import ConfigError
+
+from . import ahd_runtime
+from .base import Example, Task, make_prompt
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+CACHE_SIZE = 4096
+
+
+def check_int(key: str, value: Any, low: int) -> int:
+    """``value`` as an integer >= ``low``, else a ConfigError naming ``problem.task.<key>``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"problem.task.{key} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def check_positive(key: str, value: Any) -> float:
+    """``value`` as a number > 0, else a ConfigError naming ``problem.task.<key>``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"problem.task.{key} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def extract_code(text: str, function: str) -> str | None:
+    """The last fenced block of ``text`` that defines ``function``, else the text from its def."""
+    definition = re.compile(rf"^def[ \t]+{re.escape(function)}[ \t]*\(", re.MULTILINE)
+    blocks = [b for b in _FENCE.findall(text) if definition.search(b)]
+    if blocks:
+        return blocks[-1]
+    found = definition.search(text)
+    return text[found.start() :] if found else None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one completion did on one example: its reward, costs, and the error (None if none)."""
+
+    reward: float
+    cost: float | None
+    reference: float
+    error: str | None = None
+
+
+class AHDTask(Task):
+    """The shared AHD machinery; a subclass sets the problem (see the module docstring).
+
+    ``sandbox`` runs the code: anything with ``run(code, stdin=...)`` answering like
+    :class:`esbox.adapters.agents.sandbox.SandboxResult` (``stdout``, ``error``, ``truncated``).
+    The tasks room may not import the agents room, so whoever builds the task from a run config
+    builds it from :meth:`sandbox_options` and hands it over; scoring without one raises.
+
+    It defines ``problem`` (the runtime's kind), ``function``, ``signature`` (the prompt's
+    description), ``reference_code`` and ``reference`` (the same heuristic as a callable),
+    ``_instance(rng)`` and ``_cost(instance, solution)`` (None for an invalid solution).
+    """
+
+    problem = ""
+    function = ""
+    signature = ""
+    reference_name = ""
+    reference_code = ""
+    max_new_tokens = 512
+
+    def __init__(
+        self,
+        *,
+        instances: int = 4,
+        train_size: int = 64,
+        heldout_size: int = 16,
+        seed: int = 0,
+        cpu_seconds: float = 4.0,
+        sandbox_mode: str = "auto",
+        chat: bool = True,
+        system: str | None = None,
+        use_prefill: bool = False,
+        sandbox: Any = None,
+    ) -> None:
+        check_int("instances", instances, 1)
+        check_int("train_size", train_size, 1)
+        check_int("heldout_size", heldout_size, 0)
+        check_int("seed", seed, 0)
+        self.cpu_seconds = check_positive("cpu_seconds", cpu_seconds)
+        if sandbox_mode not in ("auto", "bwrap", "rlimits"):
+            raise ConfigError(
+                f"problem.task.sandbox_mode must be auto, bwrap or rlimits, got {sandbox_mode!r}"
+            )
+        self.sandbox_mode = sandbox_mode
+        if sandbox is not None and not callable(getattr(sandbox, "run", None)):
+            raise ConfigError("problem.task.sandbox is built by esbox, not set in a config")
+        self.sandbox = sandbox
+        self._cache: OrderedDict[tuple, Outcome] = OrderedDict()
+        self.errors, self.scored = 0, 0
+        self.error_kinds: Counter[str] = Counter()
+        prompt = make_prompt(self.prompt_text(), chat=chat, system=system)
+        prefill = "```python\n" if use_prefill else None
+        train = self._split(prompt, prefill, "train", 0, train_size, instances, seed, set())
+        seen = {json.dumps(i) for e in train for i in e.meta["instances"]}
+        held = self._split(prompt, prefill, "heldout", 1, heldout_size, instances, seed, seen)
+        super().__init__(train, held)
+
+    def _instance(self, rng: np.random.Generator) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _cost(self, instance: dict[str, Any], solution: Any) -> float | None:
+        raise NotImplementedError
+
+    @staticmethod
+    def reference(*args: Any) -> Any:
+        raise NotImplementedError
+
+    def prompt_text(self) -> str:
+        """The instruction: the function to write, the reference to improve on, the rules."""
+        return (
+            f"{self.signature}\n\nThe reference heuristic ({self.reference_name}) is:\n\n"
+            f"```python\n{self.reference_code}```\n\nWrite an improved `{self.function}` that "
+            f"gives better solutions. Reply with one ```python code block defining "
+            f"`{self.function}`; only the Python standard library is available (no numpy)."
+        )
+
+    def _split(
+        self, prompt: Any, prefill: str | None, split: str, stream: int, size: int,
+        instances: int, seed: int, avoid: set[str],
+    ) -> list[Example]:  # fmt: skip
+        """``size`` examples from the seed stream ``(seed, stream)``, skipping any in ``avoid``."""
+        rng = np.random.default_rng([seed, stream])
+        examples = []
+        for index in range(size):
+            group = []
+            while len(group) < instances:
+                instance = self._instance(rng)
+                if json.dumps(instance) not in avoid:
+                    group.append(instance)
+            meta = {"split": split, "index": index, "instances": group}
+            examples.append(Example(prompt, "", prefill, meta))
+        return examples
+
+    def reference_cost(self, example: Example) -> float:
+        """The reference heuristic's cost on the example's instances (computed once)."""
+        if "reference_cost" not in example.meta:
+            example.meta["reference_cost"] = sum(
+                self._cost(i, ahd_runtime.solve(self.problem, self.reference, i))
+                for i in example.meta["instances"]
+            )
+        return example.meta["reference_cost"]
+
+    def sandbox_options(self) -> dict[str, Any]:
+        """What the sandbox for this task needs: its ``mode`` and ``limits`` (SandboxLimits'
+        keyword arguments), the output cap sized to hold one example's solutions."""
+        limits = {
+            "cpu_seconds": self.cpu_seconds,
+            "wall_seconds": 2 * self.cpu_seconds + 2,
+            "output_bytes": max(16_384, 4 * self._output_size()),
+        }
+        return {"mode": self.sandbox_mode, "limits": limits}
+
+    def _output_size(self) -> int:
+        """An upper bound on the bytes of one example's printed solutions."""
+        example = self.train[0]
+        return 64 + sum(8 * len(json.dumps(i)) // 4 for i in example.meta["instances"])
+
+    def program(self, code: str) -> str:
+        """The sandboxed program: the runtime's source, then ``main`` on ``code``."""
+        runtime = inspect.getsource(ahd_runtime)
+        call = f"main({self.problem!r}, {code!r}, {self.function!r})\n"
+        return f"{runtime}\n\n{call}"
+
+    def outcome(self, completion: str, example: Example) -> Outcome:
+        """Run the completion's code on the example's instances and score it (cached)."""
+        code = extract_code((example.prefill or "") + completion, self.function)
+        key = (code, example.meta["split"], example.meta["index"])
+        result = self._cache.get(key)
+        if result is None:
+            result = self._run(code, example)
+            self._cache[key] = result
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        self.scored += 1
+        if result.error is not None:
+            self.errors += 1
+            self.error_kinds[result.error] += 1
+        return result
+
+    def _run(self, code: str | None, example: Example) -> Outcome:
+        reference = float(self.reference_cost(example))
+        if code is None:
+            return Outcome(0.0, None, reference, "no code")
+        if self.sandbox is None:
+            raise RuntimeError(
+                f"{self.name} runs model-written code only in a sandbox: pass sandbox= (an "
+                f"esbox.adapters.agents.sandbox.Sandbox built from task.sandbox_options())"
+            )
+        instances = example.meta["instances"]
+        ran = self.sandbox.run(self.program(code), stdin=json.dumps(instances))
+        if ran.truncated:
+            return Outcome(0.0, None, reference, "output limit")
+        if ran.error is not None:
+            failed = "error" if ran.error.startswith("exit") else ran.error
+            return Outcome(0.0, None, reference, failed)
+        lines = [s for s in ran.stdout.splitlines() if s.startswith(ahd_runtime.MARKER)]
+        try:
+            solutions = json.loads(lines[-1][len(ahd_runtime.MARKER) :])
+        except (IndexError, ValueError):
+            return Outcome(0.0, None, reference, "no result")
+        if not isinstance(solutions, list) or len(solutions) != len(instances):
+            return Outcome(0.0, None, reference, "no result")
+        costs = [self._cost(i, s) for i, s in zip(instances, solutions, strict=True)]
+        if any(c is None for c in costs):
+            return Outcome(0.0, None, reference, "invalid solution")
+        cost = float(sum(costs))
+        gain = (reference - cost) / reference if reference > 0 else 0.0
+        return Outcome(float(min(max(gain, 0.0), 1.0)), cost, reference)
+
+    def score(self, completion: str, example: Example) -> float:
+        return self.outcome(completion, example).reward
+
+    def is_correct(self, completion: str, example: Example) -> bool:
+        """The code beats the reference on the example's instances."""
+        return self.score(completion, example) > 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """The counters as figures: completions scored, errors, and errors of each kind."""
+        kinds = {f"ahd_errors_{k.replace(' ', '_')}": float(v) for k, v in self.error_kinds.items()}
+        return {"ahd_scored": float(self.scored), "ahd_errors": float(self.errors), **kinds}

@@ -1,0 +1,206 @@
+"""The AHD tasks: seeded instances with disjoint splits, the reference scoring 0, a better
+heuristic scoring above 0, failing code scoring 0 as a counted error, and bad options exiting 2.
+
+Sandbox runs are few and small (a sandbox run a test, instances of a few dozen items or cities).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from esbox.adapters.agents.sandbox import Sandbox, SandboxLimits
+from esbox.adapters.models.testing import save_tiny_lm
+from esbox.adapters.tasks import ahd_runtime
+from esbox.adapters.tasks.ahd import extract_code
+from esbox.adapters.tasks.ahd_binpacking import REFERENCE as BEST_FIT
+from esbox.adapters.tasks.ahd_binpacking import BinPackingTask
+from esbox.adapters.tasks.ahd_tsp import REFERENCE as NEAREST
+from esbox.adapters.tasks.ahd_tsp import TSPTask
+from esbox.adapters.tasks.loading import load_task
+from esbox.cli.main import cli
+from esbox.errors import ConfigError
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")
+
+# FunSearch's heuristic for the OR-Library sets, in plain Python: 12 excess bins on the first
+# default train example where best fit leaves 13.
+BETTER_PACKING = """def priority(item, bins):
+    scores = [1000 - b * (b - item) for b in bins]
+    i = bins.index(min(bins))
+    scores[i] = scores[i] * item - (bins[i] - item) ** 4
+    return scores
+"""
+
+# Nearest neighbour improved by 2-opt: the whole tour is built on the first call.
+TWO_OPT = """TOUR = []
+
+def next_city(current, unvisited, distances):
+    if len(unvisited) == len(distances) - 1:
+        tour, left = [current], set(unvisited)
+        while left:
+            tour.append(min(left, key=lambda c: distances[tour[-1]][c]))
+            left.remove(tour[-1])
+        n, better = len(tour), True
+        while better:
+            better = False
+            for i in range(1, n - 1):
+                for j in range(i + 1, n):
+                    a, b, c, d = tour[i - 1], tour[i], tour[j], tour[(j + 1) % n]
+                    gain = distances[a][b] + distances[c][d] - distances[a][c] - distances[b][d]
+                    if gain > 1e-12:
+                        tour[i : j + 1] = tour[i : j + 1][::-1]
+                        better = True
+        TOUR[:] = tour[1:]
+    return TOUR.pop(0)
+"""
+
+
+def fenced(code: str) -> str:
+    return f"Here is my heuristic.\n```python\n{code}```\nIt should work."
+
+
+def sandboxed(task):
+    """``task`` with the sandbox its options ask for (the strongest mode here, as in a run)."""
+    options = task.sandbox_options()
+    task.sandbox = Sandbox(SandboxLimits(**options["limits"]), mode=options["mode"])
+    return task
+
+
+@pytest.fixture(scope="module")
+def packing() -> BinPackingTask:
+    return sandboxed(BinPackingTask(train_size=2, heldout_size=2, cpu_seconds=1))
+
+
+@pytest.fixture(scope="module")
+def tsp() -> TSPTask:
+    return sandboxed(TSPTask(n_cities=20, instances=2, train_size=2, heldout_size=2, cpu_seconds=1))
+
+
+def test_scoring_without_a_sandbox_refuses_rather_than_run_the_code_here():
+    task = BinPackingTask(train_size=1, heldout_size=0)
+    assert task.sandbox_options()["limits"]["output_bytes"] >= 16_384
+    with pytest.raises(RuntimeError, match="only in a sandbox"):
+        task.score(fenced(BEST_FIT), task.train[0])
+
+
+def test_the_reference_written_as_a_completion_scores_0_without_an_error(packing, tsp):
+    for task, code in ((packing, BEST_FIT), (tsp, NEAREST)):
+        example = task.train[0]
+        outcome = task.outcome(fenced(code), example)
+        assert outcome.error is None and outcome.reward == 0.0
+        assert outcome.cost == outcome.reference == task.reference_cost(example) > 0
+    assert packing.errors == tsp.errors == 0
+
+
+def test_a_better_heuristic_scores_above_0(packing, tsp):
+    outcome = packing.outcome(fenced(BETTER_PACKING), packing.train[0])
+    assert outcome.error is None and outcome.reward == pytest.approx(1 / 13)
+    outcome = tsp.outcome(fenced(TWO_OPT), tsp.train[0])
+    assert outcome.error is None and 0.0 < outcome.reward < 1.0
+    assert outcome.reward == pytest.approx((outcome.reference - outcome.cost) / outcome.reference)
+    assert tsp.is_correct(fenced(TWO_OPT), tsp.train[0])
+
+
+FORGED = (
+    "import sys\nsys.stdout.write('\\n@@ahd-result@@ ' + repr([[0] * {n}] * {k}))\nsys.exit(0)\n"
+)
+BROKEN_PACKING = {
+    "error": "def priority(item, bins):\n    raise ValueError('no idea')\n",
+    "timeout": "def priority(item, bins):\n    while True:\n        pass\n",
+    "wrong type": "def priority(item, bins):\n    return 'best'\n",
+    "short": "def priority(item, bins):\n    return [1.0]\n",
+    "huge print": "def priority(item, bins):\n    print('x' * 10_000_000)\n    return bins\n",
+    "invalid packing": f"{FORGED.format(n=100, k=4)}def priority(item, bins):\n    return bins\n",
+    "no function": "def prio(item, bins):\n    return bins\n",
+}
+KINDS = {
+    "error": "error", "timeout": "timeout", "wrong type": "error", "short": "error",
+    "huge print": "output limit", "invalid packing": "invalid solution", "no function": "no code",
+}  # fmt: skip
+
+
+def test_failing_code_scores_0_and_is_a_counted_error_and_the_run_goes_on(packing):
+    before = packing.errors
+    for case, code in BROKEN_PACKING.items():
+        outcome = packing.outcome(fenced(code), packing.train[1])
+        assert (outcome.reward, outcome.error) == (0.0, KINDS[case]), case
+    assert packing.score("I cannot write code.", packing.train[1]) == 0.0
+    assert packing.errors == before + len(BROKEN_PACKING) + 1
+    assert packing.error_kinds["no code"] == 2 and packing.metrics()["ahd_errors_timeout"] == 1
+    assert packing.outcome(fenced(BEST_FIT), packing.train[1]).error is None  # still scoring
+
+
+def test_an_invalid_tour_is_a_counted_error(tsp):
+    code = FORGED.format(n=20, k=2) + NEAREST
+    assert tsp.outcome(fenced(code), tsp.train[1]).error == "invalid solution"
+    assert tsp._cost(tsp.train[1].meta["instances"][0], [0, 1, 1, *range(3, 20)]) is None
+
+
+def test_the_same_code_on_the_same_example_runs_once_but_counts_each_time(packing):
+    code = fenced("def priority(item, bins):\n    return None\n")
+    scored, errors = packing.scored, packing.errors
+    first = packing.outcome(code, packing.heldout[0])
+    assert packing.outcome(code, packing.heldout[0]) is first and first.error == "error"
+    assert (packing.scored - scored, packing.errors - errors) == (2, 2)
+
+
+def test_code_is_the_last_fenced_block_defining_the_function_else_the_text_from_its_def():
+    text = "```python\nx = 1\n```\n```python\ndef f(a):\n    return 1\n```\n```py\ndef f(a):\n"
+    assert extract_code(text, "f") == "def f(a):\n"
+    assert extract_code("Sure.\ndef f(a):\n    return a", "f") == "def f(a):\n    return a"
+    assert extract_code("def g(a): pass", "f") is None
+
+
+def test_instances_are_seeded_and_held_out_never_overlaps_train():
+    def instances(task, split):
+        return [i for e in task.split(split) for i in e.meta["instances"]]
+
+    for make in (BinPackingTask, lambda **k: TSPTask(n_cities=5, **k)):
+        a, b, c = make(seed=3), make(seed=3), make(seed=4)
+        assert instances(a, "train") == instances(b, "train") != instances(c, "train")
+        assert instances(a, "heldout") == instances(b, "heldout")
+        train = {repr(i) for i in instances(a, "train")}
+        assert train.isdisjoint(repr(i) for i in instances(a, "heldout"))
+        assert len(train) == 64 * 4
+    items = [x for i in instances(BinPackingTask(n_items=50), "train") for x in i["items"]]
+    assert min(items) >= 1 and max(items) <= 100 and 30 < sum(items) / len(items) < 50
+
+
+def test_the_runtime_packs_with_best_fit_and_builds_nearest_neighbour_tours():
+    assignment = ahd_runtime.pack_online([60, 50, 40, 30], 100, BinPackingTask.reference)
+    assert assignment == [0, 1, 0, 1]
+    distances = ahd_runtime.distance_matrix([[0, 0], [3, 0], [1, 0], [2, 0]])
+    assert ahd_runtime.build_tour(distances, TSPTask.reference) == [0, 2, 3, 1]
+
+
+@pytest.mark.parametrize(
+    ("spec", "key"),
+    [
+        ({"kind": "ahd_binpacking", "n_items": 0}, "n_items"),
+        ({"kind": "ahd_binpacking", "capacity": 0}, "capacity"),
+        ({"kind": "ahd_binpacking", "scale": -1.0}, "scale"),
+        ({"kind": "ahd_binpacking", "instances": 0}, "instances"),
+        ({"kind": "ahd_binpacking", "cpu_seconds": 0}, "cpu_seconds"),
+        ({"kind": "ahd_binpacking", "items": 10}, "items"),
+        ({"kind": "ahd_tsp", "n_cities": 2}, "n_cities"),
+        ({"kind": "ahd_tsp", "n_items": 10}, "n_items"),
+        ({"kind": "ahd_tsp", "sandbox_mode": "none"}, "sandbox_mode"),
+        ({"kind": "ahd_tsp", "sandbox": "bwrap"}, "sandbox"),
+    ],
+)
+def test_bad_options_are_config_errors_naming_the_key(spec, key):
+    with pytest.raises(ConfigError, match=key):
+        load_task(spec)
+
+
+def test_a_bad_instance_setting_exits_2_naming_the_key(tmp_path):
+    model = save_tiny_lm(tmp_path / "tiny")
+    args = ["optimize", "-q", "--dry-run", "--strategy", "openai_es", "--out", str(tmp_path / "r")]
+    for item in ("problem.kind=llm", f"problem.model={model}",
+                 "problem.task={kind: ahd_tsp, n_cities: 2}"):  # fmt: skip
+        args += ["--set", item]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 2 and "problem.task.n_cities" in result.output
