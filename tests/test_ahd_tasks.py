@@ -6,13 +6,16 @@ Sandbox runs are few and small (a sandbox run a test, instances of a few dozen i
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from esbox.adapters.agents.sandbox import Sandbox, SandboxLimits
 from esbox.adapters.models.testing import save_tiny_lm
+from esbox.adapters.problems.llm import attach_sandbox
 from esbox.adapters.tasks import ahd_runtime
 from esbox.adapters.tasks.ahd import extract_code
 from esbox.adapters.tasks.ahd_binpacking import REFERENCE as BEST_FIT
@@ -84,6 +87,10 @@ def test_scoring_without_a_sandbox_refuses_rather_than_run_the_code_here():
     assert task.sandbox_options()["limits"]["output_bytes"] >= 16_384
     with pytest.raises(RuntimeError, match="only in a sandbox"):
         task.score(fenced(BEST_FIT), task.train[0])
+    with pytest.raises(RuntimeError, match="only in a sandbox"):
+        task.score("no code at all", task.train[0])
+    attach_sandbox(task)
+    assert isinstance(task.sandbox, Sandbox) and task.sandbox.limits.wall_seconds == 10
 
 
 def test_the_reference_written_as_a_completion_scores_0_without_an_error(packing, tsp):
@@ -196,8 +203,32 @@ def test_bad_options_are_config_errors_naming_the_key(spec, key):
         load_task(spec)
 
 
-def test_a_bad_instance_setting_exits_2_naming_the_key(tmp_path):
-    model = save_tiny_lm(tmp_path / "tiny")
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny", max_position_embeddings=4096)
+
+
+def test_the_example_runs_and_logs_the_code_scored_and_the_errors(tiny_lm, tmp_path):
+    example = Path(__file__).parent.parent / "examples" / "ahd-binpacking.yaml"
+    sets = [
+        f"problem.model={tiny_lm}", "problem.batch_size=2", "problem.max_new_tokens=4",
+        "problem.validation_every=1", "problem.validation_limit=1", "problem.task.train_size=2",
+        "problem.task.heldout_size=1", "problem.task.n_items=10", "options.population=2",
+        "budget.max_steps=1", "checkpoint.every=0",
+    ]  # fmt: skip
+    args = ["optimize", "-q", "-c", str(example), "--out", str(tmp_path / "run")]
+    for item in sets:
+        args += ["--set", item]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (metrics,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    # the step's 2 members x 2 examples, and one held-out example before and after the step
+    assert metrics["ahd_scored"] == 2 * 2 + 1 + 1
+    assert metrics["ahd_errors"] == metrics["ahd_errors_no_code"] == 6  # a random model's text
+
+
+def test_a_bad_instance_setting_exits_2_naming_the_key(tiny_lm, tmp_path):
+    model = tiny_lm
     args = ["optimize", "-q", "--dry-run", "--strategy", "openai_es", "--out", str(tmp_path / "r")]
     for item in ("problem.kind=llm", f"problem.model={model}",
                  "problem.task={kind: ahd_tsp, n_cities: 2}"):  # fmt: skip

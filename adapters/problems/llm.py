@@ -159,6 +159,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
             f"problem.agent: {task.name} is played in turns: it needs an agent section"
         )
     agent = agent_options(options.agent) if options.agent else None
+    attach_sandbox(task)
     if options.threads:
         torch.set_num_threads(options.threads)
     path = resolve_model_path(options.model)
@@ -206,10 +207,23 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         callbacks.append(evaluator.add_metrics)
     if options.validation_every and checker is not None:
         callbacks.append(checker)
+    if hasattr(task, "sandbox_options"):  # the AHD tasks: code scored and errors, per step
+        callbacks.append(task.add_metrics)
     callbacks.append(ResourceUse(samples_per_evaluation=options.batch_size))  # after validation
     return LLMRun(
         space, evaluator, callbacks, parts.save, parts.model, tokenizer, task, proposer, start
     )
+
+
+def attach_sandbox(task: Any) -> None:
+    """A task that scores model-written code (the AHD tasks) gets the sandbox it asks for; the
+    tasks room may not import the agents room, so it is built here."""
+    if not hasattr(task, "sandbox_options") or task.sandbox is not None:
+        return
+    from esbox.adapters.agents.sandbox import Sandbox, SandboxLimits
+
+    wanted = task.sandbox_options()
+    task.sandbox = Sandbox(SandboxLimits(**wanted["limits"]), mode=wanted["mode"])
 
 
 # -- kind: llm ----------------------------------------------------------------------------------

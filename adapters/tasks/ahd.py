@@ -196,8 +196,9 @@ class AHDTask(Task):
         call = f"main({self.problem!r}, {code!r}, {self.function!r})\n"
         return f"{runtime}\n\n{call}"
 
-    def outcome(self, completion: str, example: Example) -> Outcome:
-        """Run the completion's code on the example's instances and score it (cached)."""
+    def outcome(self, completion: str, example: Example, count: bool = True) -> Outcome:
+        """Run the completion's code on the example's instances and score it (cached); with
+        ``count`` it adds to the counters."""
         code = extract_code((example.prefill or "") + completion, self.function)
         key = (code, example.meta["split"], example.meta["index"])
         result = self._cache.get(key)
@@ -206,6 +207,8 @@ class AHDTask(Task):
             self._cache[key] = result
             if len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
+        if not count:
+            return result
         self.scored += 1
         if result.error is not None:
             self.errors += 1
@@ -213,14 +216,14 @@ class AHDTask(Task):
         return result
 
     def _run(self, code: str | None, example: Example) -> Outcome:
-        reference = float(self.reference_cost(example))
-        if code is None:
-            return Outcome(0.0, None, reference, "no code")
-        if self.sandbox is None:
+        if self.sandbox is None:  # checked first, so that a run wired without one fails at once
             raise RuntimeError(
                 f"{self.name} runs model-written code only in a sandbox: pass sandbox= (an "
                 f"esbox.adapters.agents.sandbox.Sandbox built from task.sandbox_options())"
             )
+        reference = float(self.reference_cost(example))
+        if code is None:
+            return Outcome(0.0, None, reference, "no code")
         instances = example.meta["instances"]
         ran = self.sandbox.run(self.program(code), stdin=json.dumps(instances))
         if ran.truncated:
@@ -246,10 +249,21 @@ class AHDTask(Task):
         return self.outcome(completion, example).reward
 
     def is_correct(self, completion: str, example: Example) -> bool:
-        """The code beats the reference on the example's instances."""
-        return self.score(completion, example) > 0.0
+        """The code beats the reference on the example's instances (not counted: an
+        evaluation asks this and the reward of the same completion)."""
+        return self.outcome(completion, example, count=False).reward > 0.0
 
-    def metrics(self) -> dict[str, float]:
-        """The counters as figures: completions scored, errors, and errors of each kind."""
+    def metrics(self, reset: bool = False) -> dict[str, float]:
+        """The counters as figures: completions scored, errors, and errors of each kind; with
+        ``reset`` they start again from 0."""
         kinds = {f"ahd_errors_{k.replace(' ', '_')}": float(v) for k, v in self.error_kinds.items()}
-        return {"ahd_scored": float(self.scored), "ahd_errors": float(self.errors), **kinds}
+        figures = {"ahd_scored": float(self.scored), "ahd_errors": float(self.errors), **kinds}
+        if reset:
+            self.errors, self.scored = 0, 0
+            self.error_kinds.clear()
+        return figures
+
+    def add_metrics(self, runner: Any, metrics: dict[str, Any]) -> None:
+        """Runner callback: the completions scored and errors since the last step's figures
+        (the step's rollouts, and the held-out validation when it ran before this)."""
+        metrics.update(self.metrics(reset=True))
