@@ -7,6 +7,7 @@ Sandbox runs are few and small (a sandbox run a test, instances of a few dozen i
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from click.testing import CliRunner
 from esbox.adapters.agents.sandbox import Sandbox, SandboxLimits
 from esbox.adapters.models.testing import save_tiny_lm
 from esbox.adapters.problems.llm import attach_sandbox
+from esbox.adapters.problems.scoring import score_model
+from esbox.adapters.rl.session import problem_task
 from esbox.adapters.tasks import ahd_runtime
 from esbox.adapters.tasks.ahd import extract_code
 from esbox.adapters.tasks.ahd_binpacking import REFERENCE as BEST_FIT
@@ -129,11 +132,25 @@ KINDS = {
 }  # fmt: skip
 
 
+def children() -> list[int]:
+    """Live processes whose parent is this one (the sandbox's bwrap or process group leader)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == os.getpid():
+            found.append(int(pid))
+    return found
+
+
 def test_failing_code_scores_0_and_is_a_counted_error_and_the_run_goes_on(packing):
     before = packing.errors
     for case, code in BROKEN_PACKING.items():
         outcome = packing.outcome(fenced(code), packing.train[1])
         assert (outcome.reward, outcome.error) == (0.0, KINDS[case]), case
+        assert children() == [], case  # the loop and the huge print leave no process behind
     assert packing.score("I cannot write code.", packing.train[1]) == 0.0
     assert packing.errors == before + len(BROKEN_PACKING) + 1
     assert packing.error_kinds["no code"] == 2 and packing.metrics()["ahd_errors_timeout"] == 1
@@ -201,6 +218,24 @@ def test_the_runtime_packs_with_best_fit_and_builds_nearest_neighbour_tours():
 def test_bad_options_are_config_errors_naming_the_key(spec, key):
     with pytest.raises(ConfigError, match=key):
         load_task(spec)
+
+
+class Replies:
+    """A backend that answers every prompt with ``reply``."""
+
+    def __init__(self, reply: str) -> None:
+        self.reply = reply
+
+    def generate(self, prompts, **_):
+        return [self.reply] * len(prompts)
+
+
+def test_esbox_evaluate_and_grpo_score_an_ahd_task_in_the_sandbox():
+    task = BinPackingTask(train_size=1, heldout_size=1)
+    score = score_model(task, task.heldout, Replies(fenced(BETTER_PACKING)))
+    assert isinstance(task.sandbox, Sandbox) and task.errors == 0
+    assert score.figures["mean_reward"] > 0 and score.correct == [True]
+    assert isinstance(problem_task({"task": {"kind": "ahd_tsp"}}).sandbox, Sandbox)
 
 
 @pytest.fixture(scope="module")

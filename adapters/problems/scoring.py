@@ -34,6 +34,9 @@ def score_model(
     """Score the model behind ``backend`` on ``examples`` (greedy with one sample, seeded
     sampling with more: the same for every model); ``agent`` (``AgentOptions``) makes each
     question a tool-use rollout, whose sandbox ``note`` is told of."""
+    from .llm import attach_sandbox
+
+    attach_sandbox(task)  # an AHD task scores code: it gets the sandbox it asks for
     if agent is not None:
         return _agent_score(task, examples, backend, agent, samples, batch_size, progress, note)
     from esbox.adapters.tasks.metrics import pass_ks, score_examples, summarize
