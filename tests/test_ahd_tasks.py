@@ -10,12 +10,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 from esbox.adapters.agents.sandbox import Sandbox, SandboxLimits
 from esbox.adapters.models.testing import save_tiny_lm
+from esbox.adapters.problems.heuristics_log import HeuristicLog
 from esbox.adapters.problems.llm import attach_sandbox
 from esbox.adapters.problems.scoring import score_model
 from esbox.adapters.rl.session import problem_task
@@ -220,6 +222,23 @@ def test_bad_options_are_config_errors_naming_the_key(spec, key):
         load_task(spec)
 
 
+def test_the_heuristics_scored_in_a_step_are_logged_once_each_with_a_count(packing, tmp_path):
+    task = BinPackingTask(train_size=2, heldout_size=1, cpu_seconds=1, sandbox=packing.sandbox)
+    log = HeuristicLog(task)
+    log.start(tmp_path)
+    for _ in range(3):  # three members that wrote the same reply
+        task.reward(fenced(BETTER_PACKING), task.train[0])
+    task.reward("no idea", task.train[1])
+    log(SimpleNamespace(strategy=SimpleNamespace(step=1)), {"step": 0})
+    log(SimpleNamespace(strategy=SimpleNamespace(step=2)), {"step": 1})  # a step with nothing
+    records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").open()]
+    assert [(r["step"], r["index"], r["times"], r["error"]) for r in records] == [
+        (0, 0, 3, None), (0, 1, 1, "no code")
+    ]  # fmt: skip
+    assert records[0]["code"] == BETTER_PACKING and records[0]["reward"] == pytest.approx(1 / 13)
+    assert (records[0]["cost"], records[0]["reference"]) == (12.0, 13.0)
+
+
 class Replies:
     """A backend that answers every prompt with ``reply``."""
 
@@ -260,6 +279,10 @@ def test_the_example_runs_and_logs_the_code_scored_and_the_errors(tiny_lm, tmp_p
     # the step's 2 members x 2 examples, and one held-out example before and after the step
     assert metrics["ahd_scored"] == 2 * 2 + 1 + 1
     assert metrics["ahd_errors"] == metrics["ahd_errors_no_code"] == 6  # a random model's text
+    records = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").open()]
+    assert sum(r["times"] for r in records) == 6 and {r["error"] for r in records} == {"no code"}
+    assert {(r["split"], r["step"]) for r in records} >= {("train", 0), ("heldout", 0)}
+    assert set(records[0]) >= {"code", "reward", "cost", "reference", "error", "index"}
 
 
 def test_a_bad_instance_setting_exits_2_naming_the_key(tiny_lm, tmp_path):

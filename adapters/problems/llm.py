@@ -209,6 +209,12 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
         callbacks.append(checker)
     if hasattr(task, "sandbox_options"):  # the AHD tasks: code scored and errors, per step
         callbacks.append(task.add_metrics)
+        if agent is None:  # and the heuristics tried, into trajectories.jsonl
+            from .heuristics_log import HeuristicLog
+
+            heuristics = HeuristicLog(task)
+            callbacks.append(heuristics)
+            start = heuristics.start
     callbacks.append(ResourceUse(samples_per_evaluation=options.batch_size))  # after validation
     return LLMRun(
         space, evaluator, callbacks, parts.save, parts.model, tokenizer, task, proposer, start

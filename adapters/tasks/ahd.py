@@ -122,6 +122,7 @@ class AHDTask(Task):
         self.sandbox = sandbox
         self._cache: OrderedDict[tuple, Outcome] = OrderedDict()
         self.errors, self.scored = 0, 0
+        self.attempts: list[dict[str, Any]] | None = None  # a list: record each scored completion
         self.error_kinds: Counter[str] = Counter()
         prompt = make_prompt(self.prompt_text(), chat=chat, system=system)
         prefill = "```python\n" if use_prefill else None
@@ -210,6 +211,10 @@ class AHDTask(Task):
         if not count:
             return result
         self.scored += 1
+        if self.attempts is not None:
+            split, index = example.meta["split"], example.meta["index"]
+            record = {"split": split, "index": index, "code": code, **vars(result)}
+            self.attempts.append(record)
         if result.error is not None:
             self.errors += 1
             self.error_kinds[result.error] += 1
