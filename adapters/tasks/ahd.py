@@ -4,7 +4,8 @@ heuristic is the reward.
 
 Each example holds ``instances`` instances of one problem (train and held-out from separate seed
 streams, never sharing an instance). A completion's code is the last fenced code block that
-defines the function (else the text from its ``def``); it runs only in esbox's sandbox
+defines the function (else the text from its ``def``), read after the example's prefill when
+``use_prefill`` starts the reply with a code fence; it runs only in esbox's sandbox
 (:mod:`esbox.adapters.agents.sandbox`), inside a program made of :mod:`.ahd_runtime`, the code
 and a call of ``main``, which prints the solutions it built. The host checks every solution and
 measures its cost ``c`` (lower is better), summed over the example's instances, against the
