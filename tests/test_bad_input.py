@@ -30,6 +30,7 @@ from esbox.registry import get_strategy
 
 X0 = np.ones(6)
 OPTIONS = dict(population=8, subspaces=2, sigma=0.1, learning_rate=0.05)
+COPES = dict(strategy="copes", **OPTIONS)  # esbox.optimize picks its own strategy otherwise
 INTERNAL = ("__init__", "Traceback", "<class", "esbox.", "typing.")
 
 
@@ -61,7 +62,7 @@ def test_a_non_number_is_a_type_error_at_the_first_call(fn, words) -> None:
         return fn(x)
 
     with pytest.raises(RewardTypeError) as info:
-        esbox.optimize(objective, X0, budget=320, **OPTIONS)
+        esbox.optimize(objective, X0, budget=320, **COPES)
     assert isinstance(info.value, TypeError)
     assert len(calls) == 1
     for word in words:
@@ -70,7 +71,7 @@ def test_a_non_number_is_a_type_error_at_the_first_call(fn, words) -> None:
 
 def test_a_batched_function_returning_strings_is_refused() -> None:
     with pytest.raises(RewardTypeError, match="str"):
-        esbox.optimize(lambda b: ["1.0"] * len(b), X0, budget=320, batched=True, **OPTIONS)
+        esbox.optimize(lambda b: ["1.0"] * len(b), X0, budget=320, batched=True, **COPES)
 
 
 def test_tell_refuses_strings_instead_of_converting_them() -> None:
@@ -83,7 +84,7 @@ def test_tell_refuses_strings_instead_of_converting_them() -> None:
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_a_step_without_a_finite_reward_stops_the_run(value: float) -> None:
     with pytest.raises(RewardError, match="no finite reward"):
-        esbox.optimize(lambda x: value, X0, budget=320, **OPTIONS)
+        esbox.optimize(lambda x: value, X0, budget=320, **COPES)
 
 
 def test_max_nonfinite_steps_tolerates_that_many_steps_in_a_row() -> None:
@@ -94,10 +95,10 @@ def test_max_nonfinite_steps_tolerates_that_many_steps_in_a_row() -> None:
         return np.nan
 
     with pytest.raises(RewardError, match="3 step"):
-        esbox.optimize(objective, X0, budget=320, max_nonfinite_steps=3, **OPTIONS)
+        esbox.optimize(objective, X0, budget=320, max_nonfinite_steps=3, **COPES)
     assert len(calls) == 3 * OPTIONS["population"]
     with pytest.raises(ConfigError, match="max_nonfinite_steps"):
-        esbox.optimize(objective, X0, budget=320, max_nonfinite_steps=0, **OPTIONS)
+        esbox.optimize(objective, X0, budget=320, max_nonfinite_steps=0, **COPES)
 
 
 def test_some_nonfinite_rewards_still_count_as_the_worst() -> None:
@@ -107,7 +108,7 @@ def test_some_nonfinite_rewards_still_count_as_the_worst() -> None:
     def flaky(x):
         return np.nan if rng.random() < 0.3 else float(np.sum(x**2))
 
-    result = esbox.optimize(flaky, X0, budget=400, **OPTIONS)
+    result = esbox.optimize(flaky, X0, budget=400, **COPES)
     assert result.steps == 50
     assert sum(h["nonfinite_rewards"] for h in result.history) > 0
 
@@ -118,7 +119,7 @@ def test_a_streak_is_reset_by_a_step_with_a_finite_reward() -> None:
     def every_other_step(x):
         return np.nan if (next(steps) // OPTIONS["population"]) % 2 == 0 else 1.0
 
-    result = esbox.optimize(every_other_step, X0, max_steps=6, max_nonfinite_steps=2, **OPTIONS)
+    result = esbox.optimize(every_other_step, X0, max_steps=6, max_nonfinite_steps=2, **COPES)
     assert result.steps == 6
 
 
@@ -192,7 +193,7 @@ def test_budget_max_nonfinite_steps_refuses_a_bad_value(value: str) -> None:
 # -- 2. a budget smaller than one step ----------------------------------------------------------
 def test_optimize_refuses_a_budget_smaller_than_one_step() -> None:
     with pytest.raises(ConfigError, match="smallest budget that runs one step is 8"):
-        esbox.optimize(lambda x: 1.0, X0, budget=5, **OPTIONS)
+        esbox.optimize(lambda x: 1.0, X0, budget=5, **COPES)
 
 
 @pytest.mark.parametrize("dry", [[], ["--dry-run"]])
