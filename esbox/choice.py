@@ -6,7 +6,8 @@ nevergrad's NGOpt picks its algorithm (the rule and its measurements: docs/strat
 * d <= ``SEP_CMA_MAX`` with that budget: sep-CMA-ES (``cma`` with ``diagonal: true``), O(d)
   a sample, where a d x d covariance would cost more than the function;
 * otherwise (a small budget against d, a larger d, or no pycma): esbox's ``esopt``, the best
-  esbox strategy of the quality suite at budgets of d to 50 d evaluations.
+  esbox strategy of the quality suite at budgets of d to 50 d evaluations, and on COCO's
+  bbob-largescale at 100 d at or above every peer measured.
 
 Each runs with the vector defaults, IPOP restarts included.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 FULL_CMA_MAX = 1000
 SEP_CMA_MAX = 10_000
-CMA_MIN_BUDGET = 100  # evaluations per dimension
+CMA_MIN_BUDGET = 1000  # evaluations per dimension (COCO: below it ES is at least as good)
 
 
 def has_pycma() -> bool:

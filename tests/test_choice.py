@@ -28,12 +28,12 @@ def test_the_rule_picks_by_dimension_and_budget() -> None:
 
 def test_optimize_without_a_strategy_names_its_pick() -> None:
     sphere = get_function("sphere")
-    small = esbox.optimize(sphere, np.full(5, 2.0), budget=3000, seed=0)
+    small = esbox.optimize(sphere, np.full(5, 2.0), budget=5000, seed=0)
     assert small.strategy == "auto: cma" and small.best_value < 1e-10
-    short = esbox.optimize(sphere, np.full(50, 2.0), budget=1000, seed=0)
+    short = esbox.optimize(sphere, np.full(50, 2.0), budget=10_000, seed=0)  # < 1000 d
     assert short.strategy == "auto: esopt"
     assert short.best_value < sphere(np.full(50, 2.0))
-    named = esbox.optimize(sphere, np.full(5, 2.0), "cma", budget=3000, seed=0)
+    named = esbox.optimize(sphere, np.full(5, 2.0), "cma", budget=5000, seed=0)
     assert named.strategy == "cma" and named.best_value == small.best_value  # the same run
 
 
