@@ -18,7 +18,6 @@ Points travel as d floats each, so the strategy takes vectors of at most ``max_d
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cache
@@ -33,8 +32,9 @@ from esbox.registry import register_family
 from esbox.schedules import SCHEDULE_FORM, ScheduleLike
 from esbox.shaping import SHAPINGS
 from esbox.space import VectorSpace
-from esbox.specs import Perturbation, Term, Update
-from esbox.strategy import Strategy, StrategyOptions
+from esbox.specs import Perturbation
+from esbox.strategies.told import ToldStrategy
+from esbox.strategy import StrategyOptions
 
 if TYPE_CHECKING:
     from esbox.runner import Budget
@@ -59,7 +59,7 @@ def optimizer_names() -> list[str]:
     return sorted(_nevergrad().optimizers.registry)
 
 
-class NevergradStrategy(Strategy):
+class NevergradStrategy(ToldStrategy):
     """A nevergrad optimizer behind the Strategy interface, on a vector (see the module doc)."""
 
     optimizer_name: ClassVar[str] = ""
@@ -100,8 +100,7 @@ class NevergradStrategy(Strategy):
         self._log: list[list[float]] = []  # the losses told, step by step: the replay log
         self._digest = hashlib.sha256()
         self._at = np.zeros(dimension)  # the parameters' displacement from the start
-        self._move = np.zeros(dimension)  # the last step's shift
-        self._rewards: Sequence[float] | np.ndarray = ()  # of the tell under way
+        self._init_told(dimension)
 
     @classmethod
     def check_space(cls, space: Any) -> None:
@@ -200,27 +199,6 @@ class NevergradStrategy(Strategy):
             replace(self.member(first + i, sigma), values=tuple((x - self._at).tolist()))
             for i, x in enumerate(self._ask_points())
         ]
-
-    def _shape(self, rewards: np.ndarray, perturbations: Sequence[Perturbation]) -> np.ndarray:
-        """``raw``: the rewards as they are (nevergrad needs their values, even alone or tied)."""
-        if self.options.shaping == "raw":
-            return np.asarray(rewards, dtype=np.float64)
-        return super()._shape(rewards, perturbations)
-
-    def _terms(self, perturbations: Sequence[Perturbation], shaped: np.ndarray) -> list[Term]:
-        """Tell nevergrad the losses (negated shaped rewards; +inf for a step without a finite
-        reward, which has no worst finite one to stand for it); an explicit step has no terms."""
-        if np.isfinite(np.asarray(self._rewards, dtype=np.float64)).any():
-            self._tell_losses([-float(r) for r in shaped])
-        else:
-            self._tell_losses([math.inf] * len(shaped))
-        return []
-
-    def tell(self, rewards: Sequence[float] | np.ndarray) -> Update:
-        """As ``Strategy.tell``; the update moves the parameters to nevergrad's recommendation."""
-        self._rewards = rewards
-        update = super().tell(rewards)
-        return replace(update, shift=tuple(self._move.tolist()))
 
     # -- state: the replay log -------------------------------------------------------------------
     def _extra_state(self) -> dict[str, Any]:

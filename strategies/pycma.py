@@ -30,8 +30,9 @@ from esbox.registry import register
 from esbox.schedules import SCHEDULE_FORM, ScheduleLike
 from esbox.shaping import SHAPINGS
 from esbox.space import VectorSpace
-from esbox.specs import Perturbation, Term, Update
-from esbox.strategy import Strategy, StrategyOptions
+from esbox.specs import Perturbation
+from esbox.strategies.told import ToldStrategy
+from esbox.strategy import StrategyOptions
 
 EXTRA_HINT = "strategy cma needs pycma: pip install 'esbox[cma]'"
 SIGMA_FORM = "a positive number, pycma's sigma_0 ({kind: adaptive, initial: S0}: S0)"
@@ -48,7 +49,7 @@ def _cma() -> Any:
 
 
 @register("cma")
-class PycmaCMA(Strategy):
+class PycmaCMA(ToldStrategy):
     """CMA-ES (or sep-CMA-ES) by pycma on a vector: explicit candidates, pycma's own stops."""
 
     description = "CMA-ES by pycma (diagonal: sep-CMA), explicit candidates on a vector"
@@ -74,8 +75,7 @@ class PycmaCMA(Strategy):
         self._log: list[list[float]] = []
         self._digest = hashlib.sha256()
         self._at = np.zeros(dimension)
-        self._move = np.zeros(dimension)
-        self._rewards: Sequence[float] | np.ndarray = ()
+        self._init_told(dimension)
 
     @classmethod
     def check_space(cls, space: Any) -> None:
@@ -149,24 +149,6 @@ class PycmaCMA(Strategy):
             replace(self.member(first + i, sigma), values=tuple((x - self._at).tolist()))
             for i, x in enumerate(self._ask_points())
         ]
-
-    def _shape(self, rewards: np.ndarray, perturbations: Sequence[Perturbation]) -> np.ndarray:
-        if self.options.shaping == "raw":
-            return np.asarray(rewards, dtype=np.float64)
-        return super()._shape(rewards, perturbations)
-
-    def _terms(self, perturbations: Sequence[Perturbation], shaped: np.ndarray) -> list[Term]:
-        if np.isfinite(np.asarray(self._rewards, dtype=np.float64)).any():
-            self._tell_losses([-float(r) for r in shaped])
-        else:
-            self._tell_losses([math.inf] * len(shaped))
-        return []
-
-    def tell(self, rewards: Sequence[float] | np.ndarray) -> Update:
-        """As ``Strategy.tell``; the update moves the parameters to pycma's new mean."""
-        self._rewards = rewards
-        update = super().tell(rewards)
-        return replace(update, shift=tuple(self._move.tolist()))
 
     # -- state: the replay log -------------------------------------------------------------------
     def _extra_state(self) -> dict[str, Any]:

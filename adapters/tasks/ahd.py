@@ -25,7 +25,9 @@ from __future__ import annotations
 import inspect
 import json
 import re
+from abc import abstractmethod
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +94,7 @@ class AHDTask(Task):
     signature = ""
     reference_name = ""
     reference_code = ""
+    reference: Callable[..., Any]  # the reference heuristic as a callable (a staticmethod)
     max_new_tokens = 512
 
     def __init__(
@@ -132,15 +135,13 @@ class AHDTask(Task):
         held = self._split(prompt, prefill, "heldout", 1, heldout_size, instances, seed, seen)
         super().__init__(train, held)
 
+    @abstractmethod
     def _instance(self, rng: np.random.Generator) -> dict[str, Any]:
-        raise NotImplementedError
+        """One seeded problem instance (JSON-ready)."""
 
+    @abstractmethod
     def _cost(self, instance: dict[str, Any], solution: Any) -> float | None:
-        raise NotImplementedError
-
-    @staticmethod
-    def reference(*args: Any) -> Any:
-        raise NotImplementedError
+        """The cost of ``solution`` on ``instance``; None when it is not a valid solution."""
 
     def prompt_text(self) -> str:
         """The instruction: the function to write, the reference to improve on, the rules."""
