@@ -25,7 +25,8 @@ def trajectories(
 
     Each one shows the gold answer, the model's final answer, its turns, tokens, tool calls
     (valid and not), tool errors, why it stopped and its reward, then every message: the model's
-    turns and the tool results it read.
+    turns and the tool results it read. An AHD run logs the heuristics it scored instead: each
+    with its example, reward, cost against the reference, error and code.
 
     \b
     Examples:
@@ -36,6 +37,7 @@ def trajectories(
     from esbox.adapters.agents.config import TRAJECTORIES_FILE
     from esbox.adapters.agents.transcript import (
         format_trajectory,
+        is_heuristic,
         read_trajectories,
         select,
         system_prompt_of,
@@ -48,6 +50,11 @@ def trajectories(
         records = read_trajectories(path)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    if member is not None and records and all(is_heuristic(r) for r in records):
+        raise CLIError(
+            f"{path} holds an AHD run's heuristics, one record per code and example, not "
+            "members' conversations: drop --member"
+        )
     chosen = select(records, step=step, member=member)
     if not chosen:
         steps = sorted({r["step"] for r in records})

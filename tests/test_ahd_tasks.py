@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from esbox.adapters.agents.sandbox import Sandbox, SandboxLimits
 from esbox.adapters.models.testing import save_tiny_lm
-from esbox.adapters.problems.heuristics_log import HeuristicLog
+from esbox.adapters.problems.heuristics_log import HeuristicFigures, HeuristicLog
 from esbox.adapters.problems.llm import attach_sandbox
 from esbox.adapters.problems.scoring import score_model
 from esbox.adapters.rl.session import problem_task
@@ -237,6 +237,51 @@ def test_the_heuristics_scored_in_a_step_are_logged_once_each_with_a_count(packi
     ]  # fmt: skip
     assert records[0]["code"] == BETTER_PACKING and records[0]["reward"] == pytest.approx(1 / 13)
     assert (records[0]["cost"], records[0]["reference"]) == (12.0, 13.0)
+
+
+def test_a_step_cut_short_before_its_callbacks_logs_and_counts_the_same_after_a_resume(
+    packing, tmp_path
+):
+    def scored_step(directory):
+        task = BinPackingTask(train_size=2, heldout_size=1, cpu_seconds=1, sandbox=packing.sandbox)
+        callbacks = HeuristicFigures(task), HeuristicLog(task)
+        callbacks[1].start(directory)
+        task.reward(fenced(BETTER_PACKING), task.train[0])
+        task.reward("no idea", task.train[1])
+        return task, callbacks
+
+    def finish(callbacks, directory):
+        metrics = {"step": 0}
+        for callback in callbacks:
+            callback(SimpleNamespace(strategy=SimpleNamespace(step=1)), metrics)
+        return metrics, (directory / "trajectories.jsonl").read_text()
+
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    straight.mkdir(), cut.mkdir()
+    expected = finish(scored_step(straight)[1], straight)
+    _, interrupted = scored_step(cut)  # the checkpoint's state, then the process dies
+    states = json.loads(json.dumps([c.state_dict() for c in interrupted]))
+    fresh = BinPackingTask(train_size=2, heldout_size=1, cpu_seconds=1, sandbox=packing.sandbox)
+    resumed = HeuristicFigures(fresh), HeuristicLog(fresh)
+    resumed[1].start(cut)
+    for callback, state in zip(resumed, states, strict=True):
+        callback.load_state_dict(state)
+    assert finish(resumed, cut) == expected
+    assert expected[0]["ahd_scored"] == 2 and expected[0]["ahd_errors_no_code"] == 1
+
+
+def test_esbox_trajectories_prints_the_heuristics_and_refuses_a_member(packing, tmp_path):
+    task = BinPackingTask(train_size=1, heldout_size=1, cpu_seconds=1, sandbox=packing.sandbox)
+    log = HeuristicLog(task)
+    log.start(tmp_path)
+    task.reward(fenced(BETTER_PACKING), task.train[0])
+    log(SimpleNamespace(strategy=SimpleNamespace(step=1)), {"step": 0})
+    shown = CliRunner().invoke(cli, ["trajectories", str(tmp_path)])
+    assert shown.exit_code == 0, shown.output
+    assert "train example 0: reward 0.0769" in shown.output and "cost 12" in shown.output
+    assert "def priority(item, bins):" in shown.output
+    refused = CliRunner().invoke(cli, ["trajectories", str(tmp_path), "--member", "0"])
+    assert refused.exit_code == 2 and "drop --member" in refused.output
 
 
 class Replies:

@@ -37,12 +37,20 @@ def select(
     return [
         r
         for r in records
-        if (step is None or r["step"] == step) and (member is None or r["member"] == member)
+        if (step is None or r["step"] == step) and (member is None or r.get("member") == member)
     ]
 
 
+def is_heuristic(record: dict[str, Any]) -> bool:
+    """An AHD run's record: one heuristic scored on one example, not a member's conversation."""
+    return "code" in record and "messages" not in record
+
+
 def format_trajectory(record: dict[str, Any]) -> str:
-    """A header (step, member, gold, figures) and each message with its role."""
+    """A header (step, member, gold, figures) and each message with its role; an AHD record's
+    header has its example, score and error, then the code."""
+    if is_heuristic(record):
+        return _format_heuristic(record)
     figures = ", ".join(f"{k} {record[k]}" for k in _FIGURES if k in record)
     lines = [
         f"== step {record.get('step')} member {record.get('member')}: gold {record.get('gold')!r}, "
@@ -57,6 +65,21 @@ def format_trajectory(record: dict[str, Any]) -> str:
         lines.append(f"-- {role}")
         lines.append(str(message.get("content", "")).rstrip())
     return "\n".join(lines)
+
+
+def _format_heuristic(record: dict[str, Any]) -> str:
+    cost = record.get("cost")
+    quality = "no valid solution" if cost is None else f"cost {cost:g}"
+    return "\n".join(
+        [
+            f"== step {record.get('step')} {record.get('split')} example {record.get('index')}: "
+            f"reward {record.get('reward')}, {quality} against the reference's "
+            f"{record.get('reference'):g}, scored {record.get('times', 1)} times",
+            f"   error: {record['error']}" if record.get("error") else "   no error",
+            "-- code",
+            str(record.get("code") or "").rstrip(),
+        ]
+    )
 
 
 def system_prompt_of(record: dict[str, Any]) -> str:

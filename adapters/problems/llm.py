@@ -208,10 +208,10 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
     if options.validation_every and checker is not None:
         callbacks.append(checker)
     if hasattr(task, "sandbox_options"):  # the AHD tasks: code scored and errors, per step
-        callbacks.append(task.add_metrics)
-        if agent is None:  # and the heuristics tried, into trajectories.jsonl
-            from .heuristics_log import HeuristicLog
+        from .heuristics_log import HeuristicFigures, HeuristicLog
 
+        callbacks.append(HeuristicFigures(task))
+        if agent is None:  # and the heuristics tried, into trajectories.jsonl
             heuristics = HeuristicLog(task)
             callbacks.append(heuristics)
             start = heuristics.start

@@ -269,8 +269,3 @@ class AHDTask(Task):
             self.errors, self.scored = 0, 0
             self.error_kinds.clear()
         return figures
-
-    def add_metrics(self, runner: Any, metrics: dict[str, Any]) -> None:
-        """Runner callback: the completions scored and errors since the last step's figures
-        (the step's rollouts, and the held-out validation when it ran before this)."""
-        metrics.update(self.metrics(reset=True))
