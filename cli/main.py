@@ -10,6 +10,7 @@ import esbox
 from esbox.cli.errors import CLIError
 from esbox.cli.evaluate import evaluate_cmd
 from esbox.cli.grpo import grpo
+from esbox.cli.heuristics import heuristics
 from esbox.cli.llm_commands import convert_model, memory_cmd
 from esbox.cli.optimize import optimize
 from esbox.cli.report import report
@@ -58,6 +59,7 @@ cli.add_command(evaluate_cmd)
 cli.add_command(convert_model)
 cli.add_command(memory_cmd)
 cli.add_command(trajectories)
+cli.add_command(heuristics)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from esbox.adapters.agents.sandbox import Sandbox, SandboxLimits
@@ -282,6 +283,42 @@ def test_esbox_trajectories_prints_the_heuristics_and_refuses_a_member(packing, 
     assert "def priority(item, bins):" in shown.output
     refused = CliRunner().invoke(cli, ["trajectories", str(tmp_path), "--member", "0"])
     assert refused.exit_code == 2 and "drop --member" in refused.output
+
+
+def test_test_time_mode_scores_validation_on_the_instance_set_it_optimizes(packing):
+    task = BinPackingTask(train_size=3, heldout_size=5, test_time=True, sandbox=packing.sandbox)
+    assert task.heldout == task.train and len(task.heldout) == 3
+    generalising = BinPackingTask(train_size=3, heldout_size=5)
+    assert [e.meta["instances"] for e in generalising.train] == [
+        e.meta["instances"] for e in task.train
+    ] and len(generalising.heldout) == 5
+    with pytest.raises(ConfigError, match=r"problem\.task\.test_time"):
+        BinPackingTask(test_time="yes")
+
+
+def test_esbox_heuristics_rescores_the_best_logged_codes_on_the_held_out_split(packing, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    spec = {"kind": "ahd_binpacking", "train_size": 2, "heldout_size": 2, "cpu_seconds": 1}
+    (run / "config.yaml").write_text(yaml.safe_dump({"problem": {"kind": "llm", "task": spec}}))
+    task = load_task(spec)
+    task.sandbox = packing.sandbox
+    log = HeuristicLog(task)
+    log.start(run)
+    task.reward(fenced(BEST_FIT), task.train[0])  # logged 0: the reference itself
+    task.reward(fenced(BETTER_PACKING), task.train[1])
+    task.reward("no idea", task.train[0])
+    log(SimpleNamespace(strategy=SimpleNamespace(step=1)), {"step": 0})
+    saved = tmp_path / "best.py"
+    shown = CliRunner().invoke(cli, ["heuristics", str(run), "--save", str(saved)])
+    assert shown.exit_code == 0, shown.output
+    rows = [line for line in shown.output.splitlines() if line.startswith(("| 1 ", "| 2 "))]
+    assert len(rows) == 2 and " 0.0000 | 0/2 |" in rows[1]  # the reference ties on held-out
+    assert float(rows[0].split("|")[2]) > 0 and saved.read_text() == BETTER_PACKING
+    held = [task.score_code(BETTER_PACKING, e).reward for e in task.heldout]
+    assert float(rows[0].split("|")[2]) == pytest.approx(sum(held) / 2, abs=1e-4)
+    refused = CliRunner().invoke(cli, ["heuristics", str(tmp_path)])
+    assert refused.exit_code == 2 and "not an AHD run" in refused.output
 
 
 class Replies:

@@ -18,6 +18,12 @@ fails (no function, an exception, the wrong return type, a time, memory or outpu
 invalid solution) scores 0 and is a counted error: ``errors`` and ``error_kinds`` on the task,
 ``metrics()`` as figures. The run goes on. ``is_correct`` means "beats the reference", so an
 evaluation's accuracy is the fraction of examples on which the code beats it.
+
+Two settings, as in Agentic ESOpt: generalisation (the default: train on one seed stream,
+report on held-out instances never trained on) and ``test_time`` (the run optimizes for one
+instance set, the ``train_size`` examples, and its held-out split *is* that set, so validation
+reports the score on the instances being optimized; ``heldout_size`` is unused). Either way the
+result is the best heuristic found: :mod:`esbox.adapters.problems.best_heuristics`.
 """
 
 from __future__ import annotations
@@ -109,6 +115,7 @@ class AHDTask(Task):
         chat: bool = True,
         system: str | None = None,
         use_prefill: bool = False,
+        test_time: bool = False,
         sandbox: Any = None,
     ) -> None:
         check_int("instances", instances, 1)
@@ -132,7 +139,13 @@ class AHDTask(Task):
         prefill = "```python\n" if use_prefill else None
         train = self._split(prompt, prefill, "train", 0, train_size, instances, seed, set())
         seen = {json.dumps(i) for e in train for i in e.meta["instances"]}
-        held = self._split(prompt, prefill, "heldout", 1, heldout_size, instances, seed, seen)
+        if not isinstance(test_time, bool):
+            raise ConfigError(f"problem.task.test_time must be true or false, got {test_time!r}")
+        self.test_time = test_time
+        if test_time:  # one instance set, optimized for and scored on: the held-out split is it
+            held = train
+        else:
+            held = self._split(prompt, prefill, "heldout", 1, heldout_size, instances, seed, seen)
         super().__init__(train, held)
 
     @abstractmethod
@@ -203,13 +216,7 @@ class AHDTask(Task):
         """Run the completion's code on the example's instances and score it (cached); with
         ``count`` it adds to the counters."""
         code = extract_code((example.prefill or "") + completion, self.function)
-        key = (code, example.meta["split"], example.meta["index"])
-        result = self._cache.get(key)
-        if result is None:
-            result = self._run(code, example)
-            self._cache[key] = result
-            if len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+        result = self.score_code(code, example)
         if not count:
             return result
         self.scored += 1
@@ -220,6 +227,18 @@ class AHDTask(Task):
         if result.error is not None:
             self.errors += 1
             self.error_kinds[result.error] += 1
+        return result
+
+    def score_code(self, code: str | None, example: Example) -> Outcome:
+        """Run ``code`` (None: no code found) on the example's instances, once per code and
+        example (cached); not counted."""
+        key = (code, example.meta["split"], example.meta["index"])
+        result = self._cache.get(key)
+        if result is None:
+            result = self._run(code, example)
+            self._cache[key] = result
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
         return result
 
     def _run(self, code: str | None, example: Example) -> Outcome:
