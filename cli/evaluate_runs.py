@@ -34,17 +34,20 @@ class Settings:
 
 @dataclass
 class Scored:
-    """One evaluated model: its row name, run directory (None for the base) and score."""
+    """One evaluated model: its row name, run directory (None for the base), the context it
+    read (a contexts run's best one) and score."""
 
     name: str
     run: Path | None
     model: str
+    context: str | None
     score: Any
 
 
 def evaluate_runs(run_dirs: tuple[Path, ...], settings: Settings) -> None:
     """Score each run's ``model/`` (and with ``base`` the model they started from) with the
-    runs' shared task, agent and dtype; print the table, write JSON and trajectories."""
+    runs' shared task, agent and dtype, a run that co-evolved contexts with its best one; print
+    the table, write JSON and trajectories."""
     from esbox.adapters.agents.config import agent_options
     from esbox.adapters.problems import resolve_model_path
     from esbox.adapters.problems.trained_runs import SHARED_KEYS, check_comparable, read_run
@@ -65,11 +68,11 @@ def evaluate_runs(run_dirs: tuple[Path, ...], settings: Settings) -> None:
         raise CLIError("the runs' problem.agent needs chat prompts: the task's chat option is off")
     if settings.trajectories is not None and agent is None:
         raise CLIError("--trajectories writes agent trajectories: the runs have no problem.agent")
-    models = [(r.path.name, r.path, str(r.model)) for r in runs]
+    models = [(r.path.name, r.path, str(r.model), r.context) for r in runs]
     if settings.base:
         with user_errors():
-            models.insert(0, (BASE, None, resolve_model_path(problem["model"])))
-    names = [name for name, _, _ in models]
+            models.insert(0, (BASE, None, resolve_model_path(problem["model"]), None))
+    names = [name for name, *_ in models]
     if settings.trajectories is not None and len(set(names)) < len(names):
         raise CLIError(f"--trajectories: two models would write the same file ({names})")
     if settings.trajectories is not None and settings.trajectories.is_file():
@@ -77,9 +80,12 @@ def evaluate_runs(run_dirs: tuple[Path, ...], settings: Settings) -> None:
     dtype = settings.dtype or problem["dtype"]
     max_new_tokens = problem["max_new_tokens"] or None
     scored = []
-    for i, (name, run, model) in enumerate(models):
-        score = _score(model, name, task, examples, agent, dtype, max_new_tokens, settings, i == 0)
-        scored.append(Scored(str(run) if run is not None else name, run, model, score))
+    for i, (name, run, model, context) in enumerate(models):
+        if context is not None:
+            click.echo(f"note: {name} reads its best context (best_context.txt)", err=True)
+        score = _score(model, name, task, examples, agent, dtype, max_new_tokens, settings,
+                       i == 0, context)  # fmt: skip
+        scored.append(Scored(str(run) if run is not None else name, run, model, context, score))
         if settings.trajectories is not None:
             _write_trajectories(settings.trajectories / f"{name}.jsonl", score.records)
     from esbox.cli.compare_table import comparison, table
@@ -101,8 +107,10 @@ def _score(
     max_new_tokens: int | None,
     settings: Settings,
     first: bool,
+    context: str | None,
 ) -> Any:
-    """Load one model, score it, let it go (the first one says which sandbox runs python)."""
+    """Load one model, score it (read after ``context``, if any), let it go (the first one
+    says which sandbox runs python)."""
     from esbox.adapters.generation import HFBackend
     from esbox.adapters.models import load_model
     from esbox.adapters.problems.scoring import score_model
@@ -119,6 +127,7 @@ def _score(
                 samples=settings.samples, batch_size=settings.batch_size,
                 max_new_tokens=max_new_tokens, progress=bar.update,
                 note=(lambda text: click.echo(f"note: {text}", err=True)) if first else None,
+                context=context,
             )  # fmt: skip
 
 
@@ -144,8 +153,8 @@ def _record(
         "dtype": dtype, "problem": shared, "reference": scored[0].name,
         "models": [
             {"name": s.name, "run": None if s.run is None else str(s.run), "model": s.model,
-             **row["figures"], "accuracy_se": row["accuracy_se"], "vs_reference": row["change"],
-             "correct": s.score.correct}
+             "context": s.context, **row["figures"], "accuracy_se": row["accuracy_se"],
+             "vs_reference": row["change"], "correct": s.score.correct}
             for s, row in zip(scored, rows, strict=True)
         ],
     }  # fmt: skip

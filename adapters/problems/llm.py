@@ -109,6 +109,18 @@ class LLMProblemOptions:
     proposer_temperature: float = option(
         0.0, "proposer sampling temperature (0: greedy; else seeded from the run seed)", minimum=0.0
     )
+    proposer_evidence: int = option(
+        0,
+        "best answers of the step shown to the proposer with their rewards (AHD tasks: the "
+        "best distinct codes; 0: none)",
+        minimum=0,
+    )
+    validation_context: str = option(
+        "none",
+        "held-out validation with no context, or with the strategy's best context (best: a "
+        "contexts run's held-out score sees the prompt it learnt)",
+        choices=("none", "best"),
+    )
 
 
 @dataclass
@@ -191,9 +203,12 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
             greedy=options.greedy,
             max_rows=options.population_rows,
         )
-        checker = HeldoutValidation(task, backend, **validation)
+        checker = HeldoutValidation(
+            task, backend, **validation, with_context=options.validation_context == "best"
+        )
     proposer = None
     if options.context_proposer == "model":
+        shown = options.proposer_evidence
         proposer = ModelContextProposer(
             backend,
             max_new_tokens=options.proposer_max_new_tokens,
@@ -201,6 +216,7 @@ def build_llm(options: LLMProblemOptions, seed: int) -> LLMRun:
             temperature=options.proposer_temperature,
             seed=seed,
             chat=getattr(tokenizer, "chat_template", None) is not None,
+            evidence=(lambda: task.evidence(shown)) if shown else None,
         )
     callbacks: list[Callable[..., Any]] = []
     if agent is not None:
@@ -244,14 +260,15 @@ def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
 def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
     """A noise table holds a whole chunk; the backend's options are valid; the task builds; the
     agent section is valid; a context proposer needs a strategy co-evolving at least two
-    contexts."""
+    contexts, proposer evidence a proposer and a task that gives it, a validation context a
+    single-turn run with contexts."""
     if problem["noise"] == "table" and problem["table_size"] < problem["chunk_size"]:
         raise ConfigError(
             f"problem.table_size ({problem['table_size']}) must be at least problem.chunk_size "
             f"({problem['chunk_size']}): each chunk's noise is one window of the table"
         )
     check_backend(problem)
-    _check_task(problem["task"])
+    task = _check_task(problem["task"])
     kind = problem["task"].get("kind") if isinstance(problem["task"], dict) else None
     if not problem["agent"] and kind in ("textarena",):
         raise ConfigError(
@@ -261,9 +278,10 @@ def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
         from esbox.adapters.agents.config import agent_options
 
         agent_options(problem["agent"])
+    contexts = getattr(strategy, "contexts", None)
+    _check_context_keys(problem, task, contexts)
     if problem["context_proposer"] == "none":
         return
-    contexts = getattr(strategy, "contexts", None)
     if contexts is None:
         raise ConfigError(
             f"problem.context_proposer: strategy {strategy.name} does not co-evolve contexts; "
@@ -276,12 +294,40 @@ def _llm_check(problem: dict[str, Any], strategy: Strategy) -> None:
         )
 
 
-def _check_task(task: Any) -> None:
+def _check_context_keys(problem: dict[str, Any], task: Any, contexts: list | None) -> None:
+    """``proposer_evidence`` needs a proposer and a task with ``evidence`` (no agent, whose
+    rollouts the task does not record); ``validation_context: best`` needs contexts and a
+    single-turn run."""
+    if problem["proposer_evidence"]:
+        if problem["context_proposer"] == "none":
+            raise ConfigError(
+                "problem.proposer_evidence shows answers to a context proposer: set "
+                "problem.context_proposer: model, or proposer_evidence: 0"
+            )
+        if not callable(getattr(task, "evidence", None)) or problem["agent"]:
+            raise ConfigError(
+                f"problem.proposer_evidence: {task.name} gives no evidence (single-turn AHD "
+                f"tasks do: ahd_binpacking, ahd_tsp); set it to 0"
+            )
+    if problem["validation_context"] == "best":
+        if not contexts:
+            raise ConfigError(
+                "problem.validation_context: best needs a strategy with contexts (esopt with "
+                "options.contexts); use none"
+            )
+        if problem["agent"]:
+            raise ConfigError(
+                "problem.validation_context: best is for single-turn runs; an agent run's "
+                "validation has no context (use none)"
+            )
+
+
+def _check_task(task: Any) -> Any:
     """Build the task (cheap: no model), so that a dry run catches what the real run would."""
     from esbox.adapters.tasks.loading import load_task
 
     try:
-        load_task(task)
+        return load_task(task)
     except ConfigError as exc:
         if str(exc).startswith("problem.task"):
             raise

@@ -30,20 +30,24 @@ def score_model(
     max_new_tokens: int | None = None,
     progress: Callable[[int], None] | None = None,
     note: Callable[[str], None] | None = None,
+    context: str | None = None,
 ) -> ModelScore:
     """Score the model behind ``backend`` on ``examples`` (greedy with one sample, seeded
     sampling with more: the same for every model); ``agent`` (``AgentOptions``) makes each
-    question a tool-use rollout, whose sandbox ``note`` is told of."""
+    question a tool-use rollout, whose sandbox ``note`` is told of; single answers may read
+    ``context`` (a co-evolved context) before each prompt."""
     from .llm import attach_sandbox
 
     attach_sandbox(task)  # an AHD task scores code: it gets the sandbox it asks for
     if agent is not None:
+        if context is not None:
+            raise ValueError("scoring an agent with a context is not supported")
         return _agent_score(task, examples, backend, agent, samples, batch_size, progress, note)
     from esbox.adapters.tasks.metrics import pass_ks, score_examples, summarize
 
     correct, rewards = score_examples(
         task, backend, examples, num_samples=samples, max_new_tokens=max_new_tokens,
-        batch_size=batch_size, progress=progress,
+        batch_size=batch_size, progress=progress, context=context,
     )  # fmt: skip
     figures = {**summarize(correct, rewards, ks=pass_ks(samples)), "n": float(len(examples))}
     return ModelScore(figures, [bool(c[0]) for c in correct])

@@ -24,10 +24,12 @@ SHARED_KEYS = ("model", "task", "agent", "max_new_tokens", "dtype")
 
 @dataclass(frozen=True)
 class TrainedRun:
-    """A run directory: its resolved ``problem:`` section and its trained model folder."""
+    """A run directory: its resolved ``problem:`` section, its trained model folder and, for a
+    run that co-evolved contexts, its best context (``best_context.txt``)."""
 
     path: Path
     problem: dict[str, Any]
+    context: str | None = None
 
     @property
     def model(self) -> Path:
@@ -48,10 +50,13 @@ def read_run(path: Path) -> TrainedRun:
     if not (path / MODEL_DIR / "config.json").is_file():
         raise ConfigError(f"{path} has no trained {MODEL_DIR}/ yet (it is written when the run "
                           "stops; esbox resume finishes an interrupted run)")  # fmt: skip
-    if (path / CONTEXT_FILE).is_file():
-        raise ConfigError(f"{path} co-evolved its prompt ({CONTEXT_FILE}): evaluating a model "
-                          "with its context is not supported yet")  # fmt: skip
-    return TrainedRun(path, problem)
+    if not (path / CONTEXT_FILE).is_file():
+        return TrainedRun(path, problem)
+    if problem["agent"]:
+        raise ConfigError(f"{path} co-evolved its skill text ({CONTEXT_FILE}): evaluating an "
+                          "agent model with its context is not supported yet")  # fmt: skip
+    context = (path / CONTEXT_FILE).read_text(encoding="utf-8").removesuffix("\n")
+    return TrainedRun(path, problem, context)
 
 
 def check_comparable(runs: list[TrainedRun], keys: tuple[str, ...] = SHARED_KEYS) -> None:

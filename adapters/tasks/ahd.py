@@ -46,6 +46,7 @@ from .base import Example, Task, make_prompt
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 CACHE_SIZE = 4096
+EVIDENCE_CHARS = 1200  # longest code shown to a context proposer (cut with a marker)
 
 
 def check_int(key: str, value: Any, low: int) -> int:
@@ -278,6 +279,51 @@ class AHDTask(Task):
         """The code beats the reference on the example's instances (not counted: an
         evaluation asks this and the reward of the same completion)."""
         return self.outcome(completion, example, count=False).reward > 0.0
+
+    def evidence(self, top: int) -> str:
+        """The ``top`` best distinct codes scored on train examples since the attempts were last
+        emptied (a step's, for ESOpt's context proposer), with their mean reward and errors.
+
+        Each (code, example) counts once, so the text does not depend on how many members wrote
+        a code, nor on a scoring repeated after a resume; ties keep the first code written.
+        """
+        if not self.attempts:
+            return ""
+        per_code: dict[str | None, dict[int, dict[str, Any]]] = {}
+        for attempt in self.attempts:
+            if attempt["split"] == "train":
+                per_code.setdefault(attempt["code"], {}).setdefault(attempt["index"], attempt)
+        if not per_code:
+            return ""
+        scored = [a for c in per_code.values() for a in c.values()]
+        errors = Counter(a["error"] for a in scored if a["error"])
+        ranked = sorted(
+            (code for code in per_code if code is not None),
+            key=lambda code: -float(np.mean([a["reward"] for a in per_code[code].values()])),
+        )
+        kinds = ", ".join(
+            f"{k} {n}" for k, n in sorted(errors.items(), key=lambda e: (-e[1], e[0]))
+        )
+        examples = len({a["index"] for a in scored})
+        lines = [
+            f"The assistant's code this step, on {examples} train examples: {len(ranked)} "
+            f"distinct codes; the reward is the gain over the reference heuristic, 0 for no gain "
+            f"or failing code; failures, once per code and example: {kinds or 'none'}."
+        ]
+        if not ranked:
+            lines.append(f"No reply defined `{self.function}`.")
+        for rank, code in enumerate(ranked[:top], 1):
+            runs = list(per_code[code].values())
+            rewards = [a["reward"] for a in runs]
+            failed = sorted({a["error"] for a in runs if a["error"]})
+            wins = sum(r > 0 for r in rewards)
+            shown = code if len(code) <= EVIDENCE_CHARS else code[:EVIDENCE_CHARS] + "\n# ...cut"
+            lines.append(
+                f"Code {rank}: mean reward {float(np.mean(rewards)):.3f} on {len(runs)} "
+                f"examples, beats the reference on {wins}, errors: {', '.join(failed) or 'none'}"
+                f"\n```python\n{shown.rstrip()}\n```"
+            )
+        return "\n\n".join(lines)
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
         """The counters as figures: completions scored, errors, and errors of each kind; with

@@ -97,6 +97,16 @@ def make_prompt(text: str, *, chat: bool = True, system: str | None = None) -> P
     return [*messages, {"role": "user", "content": text}]
 
 
+def with_context(prompt: Prompt, context: str | None) -> Prompt:
+    """``prompt`` read after ``context`` (an ESOpt context): a first system message, or a first
+    paragraph of a plain-text prompt; unchanged without one."""
+    if context is None:
+        return prompt
+    if isinstance(prompt, str):
+        return f"{context}\n\n{prompt}"
+    return [{"role": "system", "content": context}, *prompt]
+
+
 def read_rows(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     """Rows of a ``.jsonl``, ``.json`` (a list) or ``.parquet`` file."""
     p = Path(path).expanduser()

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .base import with_context
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with ``n`` samples, ``c`` of them correct."""
@@ -92,20 +94,22 @@ def evaluate(
     ks: Iterable[int] | None = None,
     batch_size: int | None = 64,
     progress: Callable[[int], None] | None = None,
+    context: str | None = None,
 ) -> dict[str, float]:
     """Score the model behind ``backend`` on a task split: accuracy, mean reward, pass@k.
 
     Greedy when ``num_samples == 1`` unless told otherwise; with several
     samples, ``pass@k`` is reported for k = 1, 2, 4, ... up to ``num_samples``.
     Prompts go to the backend ``batch_size`` at a time; ``progress`` is called with the
-    number of questions of each batch once it is generated (e.g. a progress bar's update).
+    number of questions of each batch once it is generated (e.g. a progress bar's update);
+    ``context`` (an ESOpt context) comes before every prompt.
     """
     examples = task.split(split)[:limit]
     if ks is None:
         ks = pass_ks(num_samples)
     correct, rewards = score_examples(
         task, backend, examples, num_samples=num_samples, greedy=greedy, seed=seed,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress, context=context,
     )  # fmt: skip
     return {**summarize(correct, rewards, ks=ks), "n": float(len(examples))}
 
@@ -121,10 +125,12 @@ def score_examples(
     max_new_tokens: int | None = None,
     batch_size: int | None = 64,
     progress: Callable[[int], None] | None = None,
+    context: str | None = None,
 ) -> tuple[list[list[bool]], list[list[float]]]:
     """``(correct, rewards)[question][sample]`` of ``num_samples`` completions a question
-    (greedy when 1 unless told otherwise), so that models can be compared question by
-    question."""
+    (greedy when 1 unless told otherwise), read after ``context`` when one is given, so that
+    models can be compared question by question."""
+
     if greedy is None:
         greedy = num_samples == 1
     step = batch_size or len(examples)
@@ -132,7 +138,7 @@ def score_examples(
     for i in range(0, len(examples), step):
         chunk = examples[i : i + step]
         completions += backend.generate(
-            [e.prompt for e in chunk],
+            [with_context(e.prompt, context) for e in chunk],
             prefills=[e.prefill for e in chunk],
             max_new_tokens=max_new_tokens or task.max_new_tokens,
             greedy=greedy,

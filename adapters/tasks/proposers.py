@@ -1,14 +1,16 @@
 """Context proposers for ESOpt co-evolution: the model being trained rewrites its own best context.
 
 A proposer is ESOpt's ``context_proposer(best, contexts, scores) -> str``. ESOpt calls it inside
-``tell``, after the step's evaluation, so the model answers with its unperturbed weights.
+``tell``, after the step's evaluation, so the model answers with its unperturbed weights. An
+``evidence() -> str`` source (e.g. an AHD task's best code of the step with its rewards) adds
+what the assistant answered to the request, so the rewrite can respond to it.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from esbox.adapters.generation.backend import GenerationBackend, Prompt
 
@@ -22,11 +24,14 @@ def _score(value: float) -> str:
     return f"scored {value:.3f}" if math.isfinite(value) else "is not scored yet"
 
 
-def meta_prompt(best: str, contexts: Sequence[str], scores: Sequence[float]) -> str:
-    """The request: rewrite ``best``, with the other contexts and their scores as hints.
+def meta_prompt(
+    best: str, contexts: Sequence[str], scores: Sequence[float], evidence: str = ""
+) -> str:
+    """The request: rewrite ``best``, with the other contexts and their scores as hints, and
+    ``evidence`` (the step's best answers with their rewards) after it when there is some.
 
-    The best context comes alone at the end, right before the request: small models echo a
-    list more readily than they rewrite it.
+    The best context comes alone right before the evidence and the request: small models echo
+    a list more readily than they rewrite it.
     """
     score = max(
         (s for c, s in zip(contexts, scores, strict=True) if c == best and math.isfinite(s)),
@@ -40,9 +45,14 @@ def meta_prompt(best: str, contexts: Sequence[str], scores: Sequence[float]) -> 
     hint = f"these {_score(score)}, the best so far"
     if others:
         hint += f"; other versions: {others}"
+    shown = (
+        f"{evidence.strip()}\n\nRewrite the instructions so that the answers score higher. "
+        if evidence.strip()
+        else ""
+    )
     return (
         f"Rewrite these instructions for an AI assistant so that its answers score higher "
-        f"({hint}):\n\n{best}\n\nReply with the rewritten instructions only."
+        f"({hint}):\n\n{best}\n\n{shown}Reply with the rewritten instructions only."
     )
 
 
@@ -69,7 +79,9 @@ class ModelContextProposer:
 
     Greedy by default; with ``temperature > 0`` it samples with a seed derived from ``seed``
     and the request text, so a resumed run proposes exactly what the straight run did.
-    ``chat=False`` sends one plain-text prompt (for models without a chat template).
+    ``chat=False`` sends one plain-text prompt (for models without a chat template);
+    ``evidence`` is asked, at each proposal, for the text of the step's best answers (called
+    inside ``tell``: it must be a function of the run's state, so a resume proposes the same).
     """
 
     def __init__(
@@ -81,16 +93,19 @@ class ModelContextProposer:
         temperature: float = 0.0,
         seed: int = 0,
         chat: bool = True,
+        evidence: Callable[[], str] | None = None,
     ) -> None:
         if max_new_tokens < 1 or max_chars < 1 or temperature < 0:
             raise ValueError("max_new_tokens and max_chars must be >= 1 and temperature >= 0")
         self.backend = backend
         self.max_new_tokens, self.max_chars = max_new_tokens, max_chars
         self.temperature, self.seed, self.chat = temperature, seed, chat
+        self.evidence = evidence
 
     def prompt(self, best: str, contexts: Sequence[str], scores: Sequence[float]) -> Prompt:
         """The meta-prompt sent to the model, as chat messages or as plain text."""
-        request = meta_prompt(best, contexts, scores)
+        evidence = self.evidence() if self.evidence is not None else ""
+        request = meta_prompt(best, contexts, scores, evidence)
         if not self.chat:
             return f"{SYSTEM}\n\n{request}\n\n"
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request}]

@@ -20,7 +20,7 @@ from esbox.adapters.generation.backend import GenerationBackend
 from esbox.space import ParameterSpace
 from esbox.specs import Perturbation
 
-from .base import Example, Task
+from .base import Example, Task, with_context
 from .metrics import evaluate
 
 
@@ -50,15 +50,8 @@ class RolloutEvaluator:
         self.reward_errors = 0
 
     def _prompts(self, batch: Sequence[Example], context: int | None) -> list[Any]:
-        if context is None or self.context_of is None:
-            return [e.prompt for e in batch]
-        system = {"role": "system", "content": self.context_of(context)}
-        return [
-            [system, *e.prompt]
-            if not isinstance(e.prompt, str)
-            else f"{system['content']}\n\n{e.prompt}"
-            for e in batch
-        ]
+        text = None if context is None or self.context_of is None else self.context_of(context)
+        return [with_context(e.prompt, text) for e in batch]
 
     def _reward(self, completion: str, example: Example) -> float:
         try:
@@ -97,7 +90,9 @@ class HeldoutValidation:
     Adds ``val_accuracy``, ``val_mean_reward`` and ``val_pass@k`` (and ``val_step``, the number
     of updates applied) to the step's metrics, so they land in the run's metrics log (register
     it before the logger). ``baseline`` holds the same figures before the first update; it is
-    the callback's checkpointed state, so a resumed run still reports it.
+    the callback's checkpointed state, so a resumed run still reports it. ``with_context``
+    scores the prompts read after the strategy's best context (ESOpt co-evolution; before the
+    first step, its first context), as its rollouts would read it.
     """
 
     def __init__(
@@ -109,13 +104,16 @@ class HeldoutValidation:
         limit: int | None = None,
         num_samples: int = 1,
         batch_size: int = 64,
+        with_context: bool = False,
     ) -> None:
         self.task, self.backend, self.every = task, backend, every
         self.limit, self.num_samples, self.batch_size = limit, num_samples, batch_size
+        self.with_context = with_context
         self.baseline: dict[str, float] = {}
 
-    def measure(self) -> dict[str, float]:
-        """Held-out accuracy, mean reward and pass@k of the weights as they are now."""
+    def measure(self, context: str | None = None) -> dict[str, float]:
+        """Held-out accuracy, mean reward and pass@k of the weights as they are now (read after
+        ``context`` when one is given)."""
         result = evaluate(
             self.task,
             self.backend,
@@ -123,12 +121,16 @@ class HeldoutValidation:
             limit=self.limit,
             num_samples=self.num_samples,
             batch_size=self.batch_size,
+            context=context,
         )
         return {f"val_{k}": v for k, v in result.items()}
 
+    def _context(self, runner: Any) -> str | None:
+        return getattr(runner.strategy, "best_context", None) if self.with_context else None
+
     def on_start(self, runner: Any) -> None:
         """Score the weights before any update (the baseline), kept in ``self.baseline``."""
-        self.baseline = {"val_step": 0, **self.measure()}
+        self.baseline = {"val_step": 0, **self.measure(self._context(runner))}
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of it: the baseline."""
@@ -139,4 +141,4 @@ class HeldoutValidation:
 
     def __call__(self, runner: Any, metrics: dict[str, Any]) -> None:
         if self.every and runner.strategy.step % self.every == 0:
-            metrics.update(val_step=runner.strategy.step, **self.measure())
+            metrics.update(val_step=runner.strategy.step, **self.measure(self._context(runner)))
