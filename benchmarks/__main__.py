@@ -25,6 +25,7 @@ SUITES: dict[str, str] = {
     "coco": "benchmarks.coco",
     "rl": "benchmarks.rl",
     "horizon": "benchmarks.horizon",
+    "ahd": "benchmarks.ahd",
 }
 
 

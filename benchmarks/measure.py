@@ -127,6 +127,30 @@ def run_child(
     return json.loads(lines[-1][len(RESULT_PREFIX) :])
 
 
+def set_flags(values: Mapping[str, Any]) -> list[str]:
+    """``--set key=value`` flags of the esbox CLI, each value as inline YAML."""
+    import yaml
+
+    flags = []
+    for key, value in values.items():
+        text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+        flags += ["--set", f"{key}={text}"]
+    return flags
+
+
+def run_esbox(arguments: Sequence[str], *, timeout: float | None = None) -> None:
+    """``esbox <arguments>`` (e.g. an ``optimize`` run) in its own process from the repository
+    root; RuntimeError with the tail of its stderr when it fails."""
+    command = [sys.executable, "-m", "esbox.cli.main", *arguments]
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False
+    )
+    if proc.returncode:
+        raise RuntimeError(
+            f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-STDERR_TAIL:]}"
+        )
+
+
 def serve_child(
     handler: Callable[[dict[str, Any]], Mapping[str, Any]], argv: Sequence[str] | None = None
 ) -> int:

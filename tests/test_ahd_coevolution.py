@@ -14,7 +14,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from click.testing import CliRunner
+from safetensors.torch import load_file
 
 from esbox.adapters.models.testing import save_tiny_lm
 from esbox.adapters.tasks import proposers, rollouts
@@ -189,3 +191,52 @@ def test_a_resumed_contexts_run_proposes_what_the_straight_run_did(tiny_lm, tmp_
 def test_a_bad_co_evolution_key_exits_2_naming_it(tiny_lm, tmp_path, sets, key):
     result = optimize(tiny_lm, tmp_path / "run", 1, *sets, flags=("--dry-run",))
     assert result.exit_code == 2 and key in result.output, result.output
+
+
+def test_the_benchmark_builds_each_arm_from_the_example_and_a_tsp_setting_is_valid(tmp_path):
+    from benchmarks import ahd, measure
+
+    args = ahd.parser().parse_args(["--csv", str(tmp_path)])
+    assert len(ahd.settings(args)) == 8  # 2 tasks x 2 sizes x 2 seeds
+    tsp = ahd.Setting("ahd_tsp", 20, 1)
+    values = {arm: ahd.run_values(tsp, arm, args) for arm in ahd.ARMS}
+    task = values["both"]["problem.task"]
+    assert (task["kind"], task["n_cities"], task["seed"], task["heldout_size"]) == (
+        "ahd_tsp", 20, 1, 16
+    ) and "n_items" not in task  # fmt: skip
+    assert values["contexts"]["options.learning_rate"] == 0.0
+    assert "options.learning_rate" not in values["both"] and values["both"]["seed"] == 1
+    assert values["parameters"]["options.contexts"] == [ahd.SKILL]
+    assert values["both"]["problem.proposer_evidence"] == 2
+    for arm, chosen in values.items():  # every arm's config passes esbox's checks
+        flags = measure.set_flags(chosen)
+        out = ["--out", str(tmp_path / arm)]
+        result = CliRunner().invoke(
+            cli, ["optimize", "--dry-run", "-c", str(EXAMPLE), *out, *flags]
+        )
+        assert result.exit_code == 0, result.output
+
+
+def test_the_benchmark_quick_runs_its_protocol_end_to_end(tmp_path, capsys):
+    from benchmarks import ahd
+
+    assert ahd.main(["--quick", "--jobs", "2", "--csv", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "| parameters |" in shown and "| contexts |" in shown and "| both |" in shown
+    assert "both improves its matched baseline (parameters only) in 0 of 1 settings" in shown
+    assert "not a result" in shown
+    rows = (tmp_path / "ahd" / "ahd.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 and rows[0].startswith("task,size,seed,arm,held-out reward")
+    runs = tmp_path / "ahd-quick" / "ahd" / "binpacking-10-seed0"
+    assert (runs / "parameters" / "best_context.txt").read_text().strip() == ahd.SKILL
+
+
+def test_the_contexts_arm_never_moves_the_weights(tiny_lm, tmp_path, monkeypatch):
+    # a reward that tells replies apart (the tiny model writes no code), so that "both" moves
+    monkeypatch.setattr(BinPackingTask, "reward", lambda self, c, e: sum(map(ord, c)) % 11)
+    start = load_file(str(tiny_lm / "model.safetensors"))
+    for arm, rate in (("contexts", "0.0"), ("both", "0.01")):
+        result = optimize(tiny_lm, tmp_path / arm, 2, f"options.learning_rate={rate}")
+        assert result.exit_code == 0, result.output
+        trained = load_file(str(tmp_path / arm / "model" / "model.safetensors"))
+        assert all(torch.equal(start[k], trained[k]) for k in start) == (arm == "contexts")
