@@ -106,7 +106,10 @@ class Runner:
     A callback ``cb(runner, metrics)`` runs after every step; returning True stops the run.
     Every ``checkpoint_every`` steps (and on Ctrl-C) the full state is written atomically, with
     the state of each callback that has ``state_dict()``/``load_state_dict()``. A step whose
-    callbacks an interrupt cut short is checkpointed as such; its callbacks run on resume.
+    callbacks an interrupt cut short is checkpointed as such; its callbacks run on resume. A
+    callback with ``on_step_evaluated(runner)`` hears, atomically with the step's update, that
+    the step's evaluation is complete: what it gathered until then belongs to the step, and
+    what comes after (a validation an interrupt may cut short and resume runs again) does not.
     """
 
     def __init__(
@@ -193,6 +196,9 @@ class Runner:
                 metrics["best_value"] = best
             self.history.append(metrics)
             self._unfinished = metrics
+            for cb in self.callbacks:
+                if hasattr(cb, "on_step_evaluated"):
+                    cb.on_step_evaluated(self)
         return metrics
 
     def _check_rewards(self, rewards: Any, population: int) -> None:

@@ -240,35 +240,50 @@ def test_the_heuristics_scored_in_a_step_are_logged_once_each_with_a_count(packi
     assert (records[0]["cost"], records[0]["reference"]) == (12.0, 13.0)
 
 
-def test_a_step_cut_short_before_its_callbacks_logs_and_counts_the_same_after_a_resume(
-    packing, tmp_path
-):
-    def scored_step(directory):
+@pytest.mark.parametrize("cut", ["in the evaluation", "in the validation"])
+def test_an_interrupted_step_logs_and_counts_the_same_after_a_resume(packing, tmp_path, cut):
+    """The checkpoint keeps what the step's completed evaluation scored, and not a partial
+    evaluation or validation, which the resume runs again (see Runner.step)."""
+    runner = SimpleNamespace(strategy=SimpleNamespace(step=1))
+
+    def built(directory):
         task = BinPackingTask(train_size=2, heldout_size=1, cpu_seconds=1, sandbox=packing.sandbox)
         callbacks = HeuristicFigures(task), HeuristicLog(task)
         callbacks[1].start(directory)
-        task.reward(fenced(BETTER_PACKING), task.train[0])
-        task.reward("no idea", task.train[1])
         return task, callbacks
 
-    def finish(callbacks, directory):
+    def evaluation(task, callbacks):
+        task.reward(fenced(BETTER_PACKING), task.train[0])
+        task.reward("no idea", task.train[1])
+        for callback in callbacks:
+            callback.on_step_evaluated(runner)
+
+    def validation_and_callbacks(task, callbacks, directory):
+        task.reward("still no idea", task.heldout[0])
         metrics = {"step": 0}
         for callback in callbacks:
-            callback(SimpleNamespace(strategy=SimpleNamespace(step=1)), metrics)
+            callback(runner, metrics)
         return metrics, (directory / "trajectories.jsonl").read_text()
 
-    straight, cut = tmp_path / "straight", tmp_path / "cut"
-    straight.mkdir(), cut.mkdir()
-    expected = finish(scored_step(straight)[1], straight)
-    _, interrupted = scored_step(cut)  # the checkpoint's state, then the process dies
-    states = json.loads(json.dumps([c.state_dict() for c in interrupted]))
-    fresh = BinPackingTask(train_size=2, heldout_size=1, cpu_seconds=1, sandbox=packing.sandbox)
-    resumed = HeuristicFigures(fresh), HeuristicLog(fresh)
-    resumed[1].start(cut)
-    for callback, state in zip(resumed, states, strict=True):
+    straight, interrupted = tmp_path / "straight", tmp_path / "cut"
+    straight.mkdir(), interrupted.mkdir()
+    task, callbacks = built(straight)
+    evaluation(task, callbacks)
+    expected = validation_and_callbacks(task, callbacks, straight)
+    task, callbacks = built(interrupted)
+    if cut == "in the evaluation":
+        task.reward(fenced(BETTER_PACKING), task.train[0])  # then Ctrl-C: the state is saved
+    else:
+        evaluation(task, callbacks)
+        task.reward("still no idea", task.heldout[0])  # the validation, then Ctrl-C
+    states = json.loads(json.dumps([c.state_dict() for c in callbacks]))
+    task, callbacks = built(interrupted)
+    for callback, state in zip(callbacks, states, strict=True):
         callback.load_state_dict(state)
-    assert finish(resumed, cut) == expected
-    assert expected[0]["ahd_scored"] == 2 and expected[0]["ahd_errors_no_code"] == 1
+    if cut == "in the evaluation":
+        evaluation(task, callbacks)  # the resume evaluates the step again
+    assert validation_and_callbacks(task, callbacks, interrupted) == expected
+    assert expected[0]["ahd_scored"] == 3 and expected[0]["ahd_errors_no_code"] == 2
 
 
 def test_esbox_trajectories_prints_the_heuristics_and_refuses_a_member(packing, tmp_path):
