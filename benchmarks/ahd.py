@@ -133,13 +133,7 @@ def run_values(setting: Setting, arm: str, args: argparse.Namespace) -> dict[str
         "seed": setting.seed,
         "problem.task": task,
         **arm_values(arm, args.evidence),
-        "budget.max_cpu_seconds": args.cpu_minutes * 60.0,
-        "budget.max_steps": None,
-        "budget.max_seconds": None,
-        "budget.max_evaluations": None,
-        "problem.validation_every": 0,
-        "problem.threads": 1,
-        "checkpoint.every": 0,
+        **measure.equal_budget("budget.max_cpu_seconds", args.cpu_minutes * 60.0),
         **args.extra_values,
     }
     if args.model:

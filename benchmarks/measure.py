@@ -127,6 +127,22 @@ def run_child(
     return json.loads(lines[-1][len(RESULT_PREFIX) :])
 
 
+def equal_budget(key: str, seconds: float) -> dict[str, Any]:
+    """Config overrides that stop a run at ``seconds`` of the clock ``key`` names (e.g.
+    ``budget.max_cpu_seconds``) and at nothing else, one torch thread, no validation or
+    periodic checkpoints inside the budget: the runs of a comparison get the same compute."""
+    values: dict[str, Any] = {
+        "budget.max_steps": None,
+        "budget.max_seconds": None,
+        "budget.max_evaluations": None,
+        "problem.validation_every": 0,
+        "problem.threads": 1,
+        "checkpoint.every": 0,
+    }
+    values[key] = seconds  # last: budget.max_seconds may be the clock itself
+    return values
+
+
 def set_flags(values: Mapping[str, Any]) -> list[str]:
     """``--set key=value`` flags of the esbox CLI, each value as inline YAML."""
     import yaml

@@ -28,7 +28,6 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -145,20 +144,14 @@ def tuning_settings(
     return grid[:count]
 
 
-def overrides(run: Run, args: argparse.Namespace) -> list[str]:
-    """``--set`` values of a run: its setting, seed, CPU budget, one thread, no validation or
-    periodic checkpoints inside the budget; GRPO keeps a constant learning rate, since a CPU
-    stop would otherwise cut its decay short at a point no other method sees."""
+def overrides(run: Run, args: argparse.Namespace) -> dict[str, Any]:
+    """Config overrides of a run: its setting, seed and equal budget
+    (:func:`benchmarks.measure.equal_budget`); GRPO keeps a constant learning rate, since a
+    CPU stop would otherwise cut its decay short at a point no other method sees."""
     values: dict[str, Any] = {
         **run.setting,
         "seed": run.seed,
-        BUDGET_KEYS[args.clock]: args.cpu_minutes * 60.0,
-        "budget.max_steps": None,
-        "budget.max_seconds": None,
-        "budget.max_evaluations": None,
-        "problem.validation_every": 0,
-        "problem.threads": 1,
-        "checkpoint.every": 0,
+        **measure.equal_budget(BUDGET_KEYS[args.clock], args.cpu_minutes * 60.0),
     }
     if args.model:
         values["problem.model"] = args.model
@@ -170,10 +163,7 @@ def overrides(run: Run, args: argparse.Namespace) -> list[str]:
         values["grpo.num_train_epochs"] = 10_000  # the CPU budget stops it, not the data
     if run.method == "lora_grpo":
         values.update({f"lora.{k}": v for k, v in LORA.items()})
-    return [
-        f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-        for k, v in values.items()
-    ]
+    return values
 
 
 def train(run: Run, args: argparse.Namespace) -> Run:
@@ -181,27 +171,8 @@ def train(run: Run, args: argparse.Namespace) -> Run:
     if run.directory.exists():
         shutil.rmtree(run.directory)
     strategy = ["--strategy", run.method] if run.method in ES_METHODS else []
-    command = [
-        sys.executable,
-        "-m",
-        "esbox.cli.main",
-        run.command,
-        "-q",
-        "--config",
-        run.config,
-        *strategy,
-        "--out",
-        str(run.directory),
-    ]
-    for value in overrides(run, args):
-        command += ["--set", value]
-    proc = subprocess.run(
-        command, capture_output=True, text=True, timeout=args.timeout, cwd=measure.ROOT, check=False
-    )
-    if proc.returncode:
-        raise RuntimeError(
-            f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-        )
+    arguments = [run.command, "-q", "--config", run.config, *strategy, "--out", str(run.directory)]
+    measure.run_esbox([*arguments, *measure.set_flags(overrides(run, args))], timeout=args.timeout)
     rows = [json.loads(line) for line in (run.directory / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     summary = json.loads((run.directory / "summary.json").read_text())

@@ -77,6 +77,19 @@ def test_the_report_pairs_questions_and_divides_by_grpos_gain(tmp_path) -> None:
     assert "Not a result" not in text and "Not at equal CPU time" not in text
 
 
+@pytest.mark.parametrize(("clock", "key"), [("cpu", "max_cpu_seconds"), ("wall", "max_seconds")])
+def test_every_run_stops_at_the_budget_of_its_clock_and_nothing_else(tmp_path, clock, key):
+    from benchmarks.rl import Run, overrides
+
+    args = Namespace(clock=clock, cpu_minutes=2.5, model=None, es_set=[], grpo_set=["beta=0.1"])
+    for method in ("copes", "grpo", "lora_grpo"):
+        values = overrides(Run("toy", method, {}, 1, tmp_path, "c.yaml"), args)
+        budget = {k: v for k, v in values.items() if k.startswith("budget.")}
+        assert {k: v for k, v in budget.items() if v is not None} == {f"budget.{key}": 150.0}
+        assert values["problem.threads"] == 1 and values["problem.validation_every"] == 0
+    assert values["beta"] == 0.1 and values["lora.r"] == 16
+
+
 def test_a_run_that_stopped_before_its_budget_is_flagged(tmp_path) -> None:
     from benchmarks.rl_report import report
 
