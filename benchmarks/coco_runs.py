@@ -6,9 +6,11 @@
 problem's objective is wrapped to record, for each of COCO's 51 targets f_opt + 10^{2..-8},
 the evaluations and the CPU seconds of this process when it was first reached (for the
 ECDFs against CPU seconds, which COCO does not record). Methods: ``esbox:NAME`` runs
-``esbox.optimize(f, x0, strategy=NAME, budget=B, seed=instance)`` with no other option
-(``esbox:auto`` is esbox's default); the peers are configured as in their docs (COCO's
-pycma example: sigma_0 = 2, restarts from ``initial_solution_proposal``).
+``esbox.optimize(f, x0, strategy=NAME, budget=B, seed=instance, bounds=domain)`` with no
+other option (``esbox:auto`` is esbox's default; ``bounds``, the problem's domain, is what
+pycma gets through ``initial_solution_proposal``: restarts start uniformly in it); the peers
+are configured as in their docs (COCO's pycma example: sigma_0 = 2, restarts from
+``initial_solution_proposal``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class Recorder:
         return self.next == len(TARGETS) or self.evaluations >= self.budget
 
 
-def _esbox(name: str, f: Recorder, x0: np.ndarray, seed: int) -> None:
+def _esbox(name: str, f: Recorder, x0: np.ndarray, seed: int, bounds: tuple) -> None:
     import esbox
 
     def stop(runner: Any, metrics: Any) -> bool:  # the final target: stop, as COCO's loop does
@@ -66,7 +68,9 @@ def _esbox(name: str, f: Recorder, x0: np.ndarray, seed: int) -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        esbox.optimize(f, x0, strategy=name, budget=f.budget, seed=seed, callbacks=[stop])
+        esbox.optimize(
+            f, x0, strategy=name, budget=f.budget, seed=seed, callbacks=[stop], bounds=bounds
+        )
 
 
 def _pycma(f: Recorder, problem: Any, seed: int, diagonal: bool) -> None:
@@ -147,7 +151,8 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
         error = ""
         try:
             if method.startswith("esbox:"):
-                _esbox(method.removeprefix("esbox:"), f, x0, seed)
+                domain = (np.array(problem.lower_bounds), np.array(problem.upper_bounds))
+                _esbox(method.removeprefix("esbox:"), f, x0, seed, domain)
             elif method in ("pycma-ipop", "pycma-sep"):
                 _pycma(f, problem, seed, method == "pycma-sep")
             else:

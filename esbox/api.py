@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from esbox.choice import choose_strategy
+from esbox.errors import ConfigError
 from esbox.evaluation import FunctionEvaluator
 from esbox.registry import make_strategy
-from esbox.restarts import restarting
+from esbox.restarts import restarting, uniform_start
 from esbox.runner import Budget, Callback, Runner
 from esbox.space import DEFAULT_CHUNK_SIZE, VectorSpace
 
@@ -69,6 +70,7 @@ def optimize(
     progress: bool = False,
     max_nonfinite_steps: int = 1,
     restarts: Any = "auto",
+    bounds: tuple[Any, Any] | None = None,
     **strategy_options: Any,
 ) -> Result:
     """Optimize ``fn`` from ``x0`` with strategy ``strategy`` (``auto``: picked by d and the
@@ -83,19 +85,26 @@ def optimize(
     ``none``, or a mapping of ``esbox.restarts.RestartOptions``) says what happens when sigma
     collapses or progress stops: by default (``auto``) an IPOP restart from a new start point;
     ``best_value`` is the best over all restarts, and after a restart ``x`` is ``best_x``.
+    ``bounds`` (lower, upper: numbers or length-d vectors) is the box the optimum is sought in,
+    as COCO's domain: restarts then start uniformly inside it, and where ``auto`` picks CMA-ES
+    without a given ``sigma``, sigma_0 is a fifth of the box's mean width (pycma's advice).
     """
     if not isinstance(budget, Budget):
         budget = Budget(max_evaluations=budget, max_steps=max_steps, max_seconds=max_time)
     space = VectorSpace(x0, dtype=dtype, chunk_size=chunk_size)
+    box = None if bounds is None else _box(bounds, space.dimension)
     label = strategy
     if strategy == "auto":
         strategy, picked, label = choose_strategy(space.dimension, budget.max_evaluations)
+        if box is not None and strategy == "cma":
+            picked = {**picked, "sigma": float(np.mean(box[1] - box[0])) / 5.0}
         strategy_options = {**picked, **strategy_options}
 
     def build(run_seed: int, **overrides: Any) -> Any:
         return make_strategy(strategy, space, seed=run_seed, **{**strategy_options, **overrides})
 
-    es = restarting(build, space, restarts, seed=seed)
+    start = None if box is None else uniform_start(*box)
+    es = restarting(build, space, restarts, seed=seed, x0_start=start)
     evaluator = FunctionEvaluator(fn, minimize=minimize, batched=batched, batch_size=batch_size)
     runner = Runner(
         space,
@@ -126,3 +135,19 @@ def optimize(
         strategy=label,
         restarts=log,
     )
+
+
+def _box(bounds: Any, dimension: int) -> tuple[np.ndarray, np.ndarray]:
+    """``bounds`` as two length-d vectors with lower < upper, else a ConfigError naming it."""
+    try:
+        lower, upper = (
+            np.broadcast_to(np.asarray(b, dtype=np.float64), (dimension,)) for b in bounds
+        )
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"bounds must be (lower, upper), each a number or a vector of length {dimension}, "
+            f"got {bounds!r}"
+        ) from None
+    if not (np.all(np.isfinite(lower)) and np.all(np.isfinite(upper)) and np.all(lower < upper)):
+        raise ConfigError("bounds: every lower bound must be finite and below its upper bound")
+    return lower.copy(), upper.copy()

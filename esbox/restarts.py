@@ -2,7 +2,9 @@
 
 A run on a vector must not spend its budget at a collapsed sigma. ``Restarting`` wraps the
 strategy of a run: after every step it checks the criteria of ``Termination`` (sigma below
-``tolx`` relative to x, no improvement beyond ``tolfun`` over k steps, a stagnating median);
+``tolx`` relative to x, no improvement beyond ``tolfun`` over k steps, a stagnating median),
+or a strategy's own criteria instead where it has them (pycma's: esbox's tolfun on the best so
+far would end a CMA-ES restart whose samples still spread widely, long before pycma's own);
 when one fires it restarts (IPOP: population x2, sigma reset, a new start point drawn from the
 seed; BIPOP: alternates that with short runs of small populations and smaller sigma) or,
 with ``kind: stop``, ends the run with the criterion as its stop reason. A restart is an
@@ -68,6 +70,12 @@ def gaussian_start(x0: np.ndarray, scale: float) -> Start:
     """Start points ``x0 + scale N(0, I)`` drawn from a seed."""
     x0 = np.array(x0, dtype=np.float64, copy=True)
     return lambda seed: x0 + scale * np.random.default_rng(seed).standard_normal(x0.size)
+
+
+def uniform_start(lower: np.ndarray, upper: np.ndarray) -> Start:
+    """Start points uniform in the box [lower, upper] drawn from a seed (a function's domain)."""
+    lower, upper = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    return lambda seed: np.random.default_rng(seed).uniform(lower, upper)
 
 
 def _scaled(spec: Any, factor: float) -> Any:
@@ -151,7 +159,10 @@ class Restarting:
             self.best_reward = max(self.best_reward, float(finite.max()))
         x = getattr(self.space, "vector", None)  # a pool without a driver replica has none
         x_rms = 1.0 if x is None else float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
-        reason = self._own_stop() or self.termination.check(finite, self._sigma(), x_rms)
+        # pycma's own criteria where the strategy has them: its tolfun reads the spread of
+        # recent values, not the best so far
+        own = getattr(self.inner, "termination_reason", None)
+        reason = own() if own is not None else self.termination.check(finite, self._sigma(), x_rms)
         self.metrics = {
             **self.inner.metrics,
             "step": self.step - 1,
@@ -170,11 +181,6 @@ class Restarting:
         if sigma is not None and scales is not None and type(self.inner).adapts_sigma:
             sigma *= float(scales().max())  # SNES: sigma s per coordinate
         return sigma
-
-    def _own_stop(self) -> str | None:
-        """A criterion of the wrapped strategy's own (pycma's), where it has them."""
-        own = getattr(self.inner, "termination_reason", None)
-        return own() if own is not None else None
 
     def _end_restart(self, reason: str, update: Update) -> Update:
         record = {"restart": self.index, "reason": reason, "steps": self.inner.step,

@@ -165,3 +165,37 @@ def test_a_restart_update_moves_to_its_point_and_resets_scales_and_moments() -> 
     assert torch.equal(space.scales(), torch.ones(6, dtype=torch.float32))
     with pytest.raises(ValueError, match="restart"):
         Update(0, 3, (), 0.0, restart=True)
+
+
+def test_bounds_start_restarts_uniformly_in_the_box_and_set_cma_sigma_0() -> None:
+    x0 = RASTRIGIN.default_x0(6, seed=0)
+    box = (np.full(6, -5.0), np.full(6, 5.0))
+    points = []  # the space's point after each step: a restart's step ends at its new start
+
+    def record(runner, metrics):
+        points.append(runner.space.vector.copy())
+
+    result = esbox.optimize(RASTRIGIN, x0, budget=6000, seed=2, bounds=box, callbacks=[record])
+    assert result.strategy == "auto: cma" and result.history[0]["sigma"] == pytest.approx(2.0)
+    ends = [r["end_step"] for r in result.restarts if r["end_step"] < result.steps]
+    starts = [points[end - 1] for end in ends]
+    assert len(starts) >= 2 and all(np.all(np.abs(s) <= 5.0) for s in starts)
+    assert not any(np.allclose(s, x0) for s in starts)  # new points, not x0 again
+    given = esbox.optimize(RASTRIGIN, x0, budget=600, seed=2, bounds=(-5, 5), sigma=0.5)
+    assert given.history[0]["sigma"] == pytest.approx(0.5)  # a given sigma wins
+    for bad in [(5, -5), (0, 0), (np.zeros(3), 1), (-np.inf, 1)]:
+        with pytest.raises(ConfigError, match="bounds"):
+            esbox.optimize(RASTRIGIN, x0, budget=600, bounds=bad)
+
+
+def test_cma_restarts_on_pycmas_own_criteria_not_on_esbox_tolfun() -> None:
+    """esbox's tolfun (the best so far, over k steps) would end a CMA-ES restart at once with
+    k = 1; pycma's own criteria let it run until its samples' values converge."""
+    x0 = RASTRIGIN.default_x0(6, seed=0)
+    options = {"kind": "ipop", "tolfun_steps": 1}
+    result = esbox.optimize(RASTRIGIN, x0, "cma", budget=4000, seed=1, restarts=options)
+    assert result.restarts and all(r["steps"] > 20 for r in result.restarts)
+    assert {r["reason"] for r in result.restarts} <= {
+        "tolfun", "tolx", "tolstagnation", "tolflatfitness", "tolfunhist", "noeffectaxis",
+        "noeffectcoord", "conditioncov", "tolupsigma",
+    }  # fmt: skip
