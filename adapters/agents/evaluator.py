@@ -266,7 +266,11 @@ class AgentValidation(HeldoutValidation):
         super().__init__(task, evaluator.backend, **options)
         self.evaluator = evaluator
 
-    def measure(self) -> dict[str, float]:
+    def measure(self, context: str | None = None) -> dict[str, float]:
+        """Held-out agent rollouts; an agent run validates without a context (the config check
+        refuses ``validation_context: best`` with an agent)."""
+        if context is not None:
+            raise ValueError("agent validation reads no context")
         examples = self.task.heldout[: self.limit]
         figures, _ = evaluate_agent(self.evaluator, examples, batch_size=self.batch_size)
         return {f"val_{k}": v for k, v in figures.items()}
