@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+from cli_runs import invoke_cli  # tests/cli_runs.py
 from click.testing import CliRunner
 
 import esbox
@@ -322,9 +323,7 @@ def test_the_agent_example_config_runs_on_a_tiny_model(tiny_lm, tmp_path):
         "options.population=4", "options.subspaces=2", "budget.max_steps=1",
     ]  # fmt: skip
     args = ["optimize", "-q", "-c", str(example), "--out", str(tmp_path / "run")]
-    for item in sets:
-        args += ["--set", item]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    result = invoke_cli(args, sets)
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()[0])
     assert record["messages"][1]["content"].startswith('<tool_call>{"name": "calculator"')

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from cli_runs import invoke_cli  # tests/cli_runs.py
 from click.testing import CliRunner
 
 from esbox.adapters.agents.sandbox import Sandbox, SandboxLimits
@@ -368,9 +369,7 @@ def test_the_example_runs_and_logs_the_code_scored_and_the_errors(tiny_lm, tmp_p
         "budget.max_steps=1", "checkpoint.every=0",
     ]  # fmt: skip
     args = ["optimize", "-q", "-c", str(example), "--out", str(tmp_path / "run")]
-    for item in sets:
-        args += ["--set", item]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    result = invoke_cli(args, sets)
     assert result.exit_code == 0, result.output
     (metrics,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     # the step's 2 members x 2 examples, and one held-out example before and after the step
@@ -385,8 +384,7 @@ def test_the_example_runs_and_logs_the_code_scored_and_the_errors(tiny_lm, tmp_p
 def test_a_bad_instance_setting_exits_2_naming_the_key(tiny_lm, tmp_path):
     model = tiny_lm
     args = ["optimize", "-q", "--dry-run", "--strategy", "openai_es", "--out", str(tmp_path / "r")]
-    for item in ("problem.kind=llm", f"problem.model={model}",
-                 "problem.task={kind: ahd_tsp, n_cities: 2}"):  # fmt: skip
-        args += ["--set", item]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    sets = ("problem.kind=llm", f"problem.model={model}",
+            "problem.task={kind: ahd_tsp, n_cities: 2}")  # fmt: skip
+    result = invoke_cli(args, sets)
     assert result.exit_code == 2 and "problem.task.n_cities" in result.output

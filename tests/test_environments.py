@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("textarena")
 
+from cli_runs import invoke_cli  # tests/cli_runs.py
 from click.testing import CliRunner
 
 import esbox
@@ -307,9 +308,7 @@ def test_the_sudoku_example_trains_with_es_and_logs_every_turn(tiny_lm, tmp_path
         "options.population=4", "options.subspaces=2", "budget.max_steps=2",
     ]  # fmt: skip
     args = ["optimize", "-q", "-c", str(example), "--out", str(tmp_path / "run")]
-    for item in sets:
-        args += ["--set", item]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    result = invoke_cli(args, sets)
     assert result.exit_code == 0, result.output
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert len(metrics) == 2 and "agent_env_reward" in metrics[0] and "val_env_reward" in metrics[1]

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from cli_runs import invoke_cli  # tests/cli_runs.py
 from click.testing import CliRunner
 
 import esbox
@@ -195,9 +196,7 @@ def test_the_reasoning_gym_example_runs_as_an_agent_task(rg, tmp_path):
         "budget.max_steps=1",
     ]  # fmt: skip
     args = ["optimize", "-q", "-c", str(example), "--out", str(tmp_path / "run")]
-    for item in sets:
-        args += ["--set", item]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    result = invoke_cli(args, sets)
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()[0])
     assert record["question"].startswith("Calculate ") and "calculator" in record["system"]
