@@ -7,7 +7,8 @@ The protocol, the same for every method:
    learning rates for GRPO and LoRA-GRPO, learning rate and sigma together for the ES methods
    (:data:`GRIDS`, multiples of the config's values). Each tuned model is scored greedily on
    the **validation** questions, the first ``--validation`` of the task's held-out split; the
-   best one (the first on a tie) is the method's setting.
+   best one (the first on a tie) is the method's setting. With ``--tuning 1`` there is
+   nothing to choose, and no tuning run is trained.
 2. **Final runs.** The chosen setting runs with ``--seeds`` new seeds (1, 2, ...), each stopped at
    the same CPU seconds (``budget.max_cpu_seconds``, the run process's CPU clock, all threads;
    one torch thread a run), with no validation inside the run.
@@ -248,11 +249,13 @@ def run_task(task: str, methods: list[str], args: argparse.Namespace, pool: Any)
         config = grpo_path if method in ("grpo", "lora_grpo") else es_path
         return Run(task, method, setting, seed, root / name, str(config))
 
-    tuning = [
+    candidates = [
         make(m, s, 0, f"tune-{m}-{i}")
         for m in methods
         for i, s in enumerate(tuning_settings(m, es_config, grpo_config, args.tuning))
     ]
+    # one setting a method leaves nothing to choose: no tuning run is trained then
+    tuning = candidates if args.tuning > 1 else []
     list(pool.map(lambda r: train(r, args), tuning))
     for run, result in zip(
         tuning, pool.map(lambda r: score(r.directory, args, *validation, 0), tuning), strict=True
@@ -261,8 +264,8 @@ def run_task(task: str, methods: list[str], args: argparse.Namespace, pool: Any)
         shutil.rmtree(run.directory / "model", ignore_errors=True)  # only the final models stay
     chosen = {}
     for method in methods:
-        candidates = [r for r in tuning if r.method == method]
-        chosen[method] = max(candidates, key=lambda r: r.results["validation_accuracy"])
+        runs = [r for r in candidates if r.method == method]
+        chosen[method] = max(runs, key=lambda r: r.results.get("validation_accuracy", 0.0))
     finals = [
         make(m, chosen[m].setting, seed, f"{m}-seed{seed}")
         for m in methods

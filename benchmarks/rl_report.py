@@ -123,9 +123,14 @@ def report(result: dict[str, Any], methods: list[str], args: argparse.Namespace)
         "CPU s a run",
         "steps a run",
     ]
+    tuned = (
+        f"{args.tuning} tuning run(s) a method on questions 0-{args.validation - 1} of the "
+        "held-out split"
+        if args.tuning > 1
+        else "no tuning (one setting a method, the configs' own)"
+    )
     notes = [
-        f"- {args.tuning} tuning run(s) a method on questions 0-{args.validation - 1} of the "
-        f"held-out split; {args.seeds} seed(s) of the chosen setting, each "
+        f"- {tuned}; {args.seeds} seed(s) of the chosen setting, each "
         f"{args.cpu_minutes:g} {clock_name(args)}; tested on questions {args.validation}-"
         f"{args.validation + args.heldout - 1} (accuracy: greedy, mean over seeds; pass@k: "
         f"{args.samples} sampled rollouts a question)."

@@ -111,7 +111,7 @@ def test_the_protocol_runs_end_to_end_on_a_tiny_model(tmp_path, capsys) -> None:
         "--methods",
         "copes,grpo",
         "--tuning",
-        "1",
+        "2",
         "--seeds",
         "1",
         "--jobs",
@@ -131,9 +131,40 @@ def test_the_protocol_runs_end_to_end_on_a_tiny_model(tmp_path, capsys) -> None:
     assert all(r["seed"] == 1 and r["stop_reason"] == "max_cpu_seconds" for r in finals)
     assert all(r["cpu_seconds"] >= 3.0 for r in finals)  # equal CPU budgets, reached
     tuned = [r for r in raw["runs"] if "test" not in r]
-    assert len(tuned) == 2 and all("validation_accuracy" in r for r in tuned)
-    assert not any(
-        (out / "rl" / "arithmetic" / f"tune-{m}-0" / "model").exists() for m in ("copes", "grpo")
-    )
+    assert len(tuned) == 4 and all("validation_accuracy" in r for r in tuned)
+    for method in ("copes", "grpo"):
+        runs = [r for r in tuned if r["method"] == method]
+        best = max(runs, key=lambda r: r["validation_accuracy"])  # the first on a tie
+        assert next(r for r in finals if r["method"] == method)["setting"] == best["setting"]
+        assert not any((out / "rl" / "arithmetic" / f"tune-{method}-{i}" / "model").exists()
+                       for i in range(2))  # fmt: skip
     assert (out / "rl.png").is_file() and (out / "rl_arithmetic.csv").is_file()
-    assert "Not a result" in text  # 1 tuning run and 1 seed
+    assert "Not a result" in text  # 2 tuning runs and 1 seed
+
+
+def test_one_setting_a_method_trains_no_tuning_run(tmp_path, monkeypatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks import rl
+
+    trained, scored = [], []
+
+    def train(run, args):
+        trained.append(run.directory.name)
+        run.results = {"steps": 1}
+        return run
+
+    def score(run_dir, args, start, stop, samples, base=False):
+        scored.append((run_dir.name, start, stop, base))
+        return {"greedy": [0, 1], "figures": {}}
+
+    monkeypatch.setattr(rl, "train", train)
+    monkeypatch.setattr(rl, "score", score)
+    args = rl.parser().parse_args(["--tuning", "1", "--seeds", "2", "--validation", "3",
+                                   "--heldout", "2", "--out", str(tmp_path)])  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        result = rl.run_task("arithmetic", ["copes", "grpo"], args, pool)
+    assert result["tuning"] == []
+    assert sorted(trained) == ["copes-seed1", "copes-seed2", "grpo-seed1", "grpo-seed2"]
+    assert all((start, stop) == (3, 5) for _, start, stop, _ in scored)  # held-out only
+    assert result["chosen"]["grpo"].setting == {"grpo.learning_rate": rl.GRPO_LEARNING_RATE}
