@@ -66,14 +66,25 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--binpacking", default="50,100", help="n_items sizes ('' for none)")
     parser.add_argument("--tsp", default="20,30", help="n_cities sizes ('' for none)")
     parser.add_argument("--seeds", type=int, default=2, help="seeds a task and size (0, 1, ...)")
-    parser.add_argument("--cpu-minutes", type=float, default=10.0, help="CPU budget of a run")
+    parser.add_argument(
+        "--cpu-minutes", type=float, default=10.0, help="budget of a run, in minutes of --clock"
+    )
     parser.add_argument("--heldout", type=int, default=16, help="held-out examples scored")
     parser.add_argument("--evidence", type=int, default=2, help="best codes shown the proposer")
     parser.add_argument("--model", default=None, help="local HF model folder (default: shipped)")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per process")
     parser.add_argument("--runs", default=None, help="run directories go here (default: --out)")
     parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more --set for every run (repeatable), e.g. problem.backend=vllm",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny model, tiny sizes: a smoke run")
+    measure.add_clock_option(parser)
     measure.add_jobs_option(parser)
     measure.add_output_option(parser)
     parser.set_defaults(extra_values={}, task_values={})  # --quick's smaller runs
@@ -133,8 +144,9 @@ def run_values(setting: Setting, arm: str, args: argparse.Namespace) -> dict[str
         "seed": setting.seed,
         "problem.task": task,
         **arm_values(arm, args.evidence),
-        **measure.equal_budget("budget.max_cpu_seconds", args.cpu_minutes * 60.0),
+        **measure.equal_budget(measure.BUDGET_KEYS[args.clock], args.cpu_minutes * 60.0),
         **args.extra_values,
+        **measure.parse_sets(args.sets),
     }
     if args.model:
         values["problem.model"] = args.model

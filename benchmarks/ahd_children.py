@@ -36,8 +36,9 @@ def score(spec: dict[str, Any]) -> dict[str, Any]:
     models = [(resolve_model_path(problem["model"]), spec["base"])]
     models += [(str(r / "model"), (r / CONTEXT_FILE).read_text().removesuffix("\n")) for r in runs]
     scored = []
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the same device for every model
     for path, context in models:
-        loaded, tokenizer = load_model(path, dtype=problem["dtype"], device="cpu")
+        loaded, tokenizer = load_model(path, dtype=problem["dtype"], device=device)
         start = time.process_time()
         task.attempts = []  # one record a completion, in the examples' order
         score_examples(

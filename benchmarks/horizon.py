@@ -35,7 +35,9 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--chain", default="1,2,4", help="chain horizons ('' for none)")
     parser.add_argument("--sudoku", default="2,4,8", help="Sudoku empty cells ('' for none)")
-    parser.add_argument("--cpu-minutes", type=float, default=5.0, help="CPU budget of a run")
+    parser.add_argument(
+        "--cpu-minutes", type=float, default=5.0, help="budget of a run, in minutes of --clock"
+    )
     parser.add_argument("--seeds", type=int, default=2, help="final runs a method")
     parser.add_argument("--tuning", type=int, default=1, help="tuning runs a method (1-3)")
     parser.add_argument("--validation", type=int, default=20, help="validation episodes")
@@ -43,7 +45,16 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=2, help="sampled rollouts for pass@k")
     parser.add_argument("--model", default=None, help="local HF model folder (default: shipped)")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per process")
+    for side in ("es", "grpo"):
+        parser.add_argument(
+            f"--{side}-set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"one more --set for the {side.upper()} runs (repeatable), passed to the rl suite",
+        )
     parser.add_argument("--quick", action="store_true", help="tiny model, tiny sizes: a smoke run")
+    measure.add_clock_option(parser)
     measure.add_jobs_option(parser)
     measure.add_output_option(parser)
     return parser
@@ -181,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         "--seeds", str(args.seeds), "--validation", str(args.validation),
         "--heldout", str(args.heldout), "--samples", str(args.samples),
         "--timeout", str(args.timeout), "--jobs", str(args.jobs), "--csv", str(folder),
-        "--json", str(raw_path), *(["--model", args.model] if args.model else []),
+        "--json", str(raw_path), "--clock", args.clock,
+        *(["--model", args.model] if args.model else []),
+        *(flag for item in args.es_set for flag in ("--es-set", item)),
+        *(flag for item in args.grpo_set for flag in ("--grpo-set", item)),
     ])  # fmt: skip
     if code:
         return code

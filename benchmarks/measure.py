@@ -143,6 +143,32 @@ def equal_budget(key: str, seconds: float) -> dict[str, Any]:
     return values
 
 
+BUDGET_KEYS = {"cpu": "budget.max_cpu_seconds", "wall": "budget.max_seconds"}  # --clock
+
+
+def add_clock_option(parser: argparse.ArgumentParser) -> None:
+    """``--clock cpu|wall``: the clock of a suite's equal budget (wall seconds on one GPU)."""
+    parser.add_argument(
+        "--clock",
+        choices=tuple(BUDGET_KEYS),
+        default="cpu",
+        help="the equal budget: CPU seconds (a CPU), or wall seconds (one GPU)",
+    )
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` items of a suite's repeatable ``--set`` options, each value as YAML."""
+    import yaml
+
+    values = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
+        values[key] = yaml.safe_load(value)
+    return values
+
+
 def set_flags(values: Mapping[str, Any]) -> list[str]:
     """``--set key=value`` flags of the esbox CLI, each value as inline YAML."""
     import yaml

@@ -53,7 +53,6 @@ GRIDS = {  # tuning settings as multiples of the config's: the same count for ev
 }
 GRPO_LEARNING_RATE = 1e-6  # TRL's default, when a config's grpo: section has none
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}
-BUDGET_KEYS = {"cpu": "budget.max_cpu_seconds", "wall": "budget.max_seconds"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -86,12 +85,7 @@ def parser() -> argparse.ArgumentParser:
         help="a tiny random model and task: tests the protocol, measures nothing",
     )
     parser.add_argument("--json", default=None, help="also write the raw results here")
-    parser.add_argument(
-        "--clock",
-        choices=tuple(BUDGET_KEYS),
-        default="cpu",
-        help="the equal budget: CPU seconds (a CPU), or wall seconds (one GPU)",
-    )
+    measure.add_clock_option(parser)
     parser.add_argument(
         "--es-set",
         action="append",
@@ -152,13 +146,11 @@ def overrides(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     values: dict[str, Any] = {
         **run.setting,
         "seed": run.seed,
-        **measure.equal_budget(BUDGET_KEYS[args.clock], args.cpu_minutes * 60.0),
+        **measure.equal_budget(measure.BUDGET_KEYS[args.clock], args.cpu_minutes * 60.0),
     }
     if args.model:
         values["problem.model"] = args.model
-    for item in args.es_set if run.method in ES_METHODS else args.grpo_set:
-        key, _, value = item.partition("=")
-        values[key] = yaml.safe_load(value)
+    values.update(measure.parse_sets(args.es_set if run.method in ES_METHODS else args.grpo_set))
     if run.method not in ES_METHODS:  # the ES strategy comes as --strategy
         values["grpo.lr_scheduler_type"] = "constant"
         values["grpo.num_train_epochs"] = 10_000  # the CPU budget stops it, not the data

@@ -217,6 +217,21 @@ def test_the_benchmark_builds_each_arm_from_the_example_and_a_tsp_setting_is_val
         assert result.exit_code == 0, result.output
 
 
+def test_the_benchmark_s_clock_and_sets_reach_every_arm(tmp_path):
+    from benchmarks import ahd
+
+    argv = ["--clock", "wall", "--cpu-minutes", "2", "--set", "problem.backend=vllm",
+            "--set", "problem.max_new_tokens=512", "--csv", str(tmp_path)]  # fmt: skip
+    args = ahd.parser().parse_args(argv)
+    for arm in ahd.ARMS:
+        values = ahd.run_values(ahd.Setting("ahd_binpacking", 50, 0), arm, args)
+        assert values["budget.max_seconds"] == 120.0 and "budget.max_cpu_seconds" not in values
+        assert values["problem.backend"] == "vllm" and values["problem.max_new_tokens"] == 512
+    bad = ahd.parser().parse_args(["--set", "oops", "--csv", str(tmp_path)])
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        ahd.run_values(ahd.Setting("ahd_tsp", 20, 0), "both", bad)
+
+
 def test_the_benchmark_quick_runs_its_protocol_end_to_end(tmp_path, capsys):
     from benchmarks import ahd
 

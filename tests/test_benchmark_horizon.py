@@ -4,6 +4,7 @@ the table's success, gain and paired SE are computed from the rl suite's per-que
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -47,3 +48,18 @@ def test_the_table_pairs_each_method_with_the_base_question_by_question():
     se = math.sqrt(sum((d - 3 / 8) ** 2 for d in diffs) / 7 / 8)
     assert rows[1] == ["chain", 2, "copes", "0.625", f"+0.375 ± {se:.3f}", "520"]
     assert rows[2][2:5] == ["grpo", "0.000", "-0.250 ± 0.250"]
+
+
+def test_the_clock_and_each_side_s_sets_pass_to_the_rl_suite(tmp_path, monkeypatch):
+    from benchmarks import rl
+
+    seen = []
+    monkeypatch.setattr(rl, "main", lambda argv: seen.append(argv) or 1)  # stops after the call
+    argv = ["--chain", "8", "--sudoku", "", "--clock", "wall", "--es-set", "problem.backend=vllm",
+            "--grpo-set", "grpo.use_vllm=true", "--csv", str(tmp_path)]  # fmt: skip
+    assert horizon.main(argv) == 1
+    (passed,) = seen
+    flags = list(itertools.pairwise(passed))
+    assert ("--clock", "wall") in flags and ("--tasks", "chain-h8") in flags
+    assert ("--es-set", "problem.backend=vllm") in flags
+    assert ("--grpo-set", "grpo.use_vllm=true") in flags
