@@ -22,16 +22,14 @@ def score(spec: dict[str, Any]) -> dict[str, Any]:
     from esbox.adapters.generation import HFBackend
     from esbox.adapters.models import load_model
     from esbox.adapters.problems import resolve_model_path
-    from esbox.adapters.problems.llm import attach_sandbox
+    from esbox.adapters.problems.llm import load_scored_task
     from esbox.adapters.problems.trained_runs import CONTEXT_FILE
-    from esbox.adapters.tasks import load_task
     from esbox.adapters.tasks.metrics import score_examples
 
     torch.set_num_threads(int(spec.get("threads", 1)))
     runs = [Path(r) for r in spec["runs"]]
     problem = load_run_config(runs[0])["problem"]
-    task = load_task(problem["task"])
-    attach_sandbox(task)
+    task = load_scored_task(problem["task"])
     examples = task.heldout[: spec["heldout"]]
     models = [(resolve_model_path(problem["model"]), spec["base"])]
     models += [(str(r / "model"), (r / CONTEXT_FILE).read_text().removesuffix("\n")) for r in runs]

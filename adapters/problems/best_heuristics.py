@@ -90,8 +90,7 @@ def best_heuristics(run_dir: str | Path, top: int = 5, limit: int | None = None)
     records."""
     from esbox.adapters.agents.config import TRAJECTORIES_FILE
     from esbox.adapters.agents.transcript import is_heuristic, read_trajectories
-    from esbox.adapters.problems.llm import attach_sandbox
-    from esbox.adapters.tasks.loading import load_task
+    from esbox.adapters.problems.llm import load_scored_task
     from esbox.runconfig import load_yaml
 
     run_dir = Path(run_dir)
@@ -99,8 +98,7 @@ def best_heuristics(run_dir: str | Path, top: int = 5, limit: int | None = None)
     records = read_trajectories(path) if path.is_file() else []
     if not records or not all(is_heuristic(r) for r in records):
         raise ConfigError(f"{run_dir} is not an AHD run with logged heuristics ({path})")
-    task = load_task(load_yaml(run_dir / "config.yaml")["problem"]["task"])
-    attach_sandbox(task)
+    task = load_scored_task(load_yaml(run_dir / "config.yaml")["problem"]["task"])
     examples = list(task.heldout)[:limit]
     if not examples:
         raise ConfigError(

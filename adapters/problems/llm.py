@@ -248,6 +248,19 @@ def attach_sandbox(task: Any) -> None:
     task.sandbox = Sandbox(SandboxLimits(**wanted["limits"]), mode=wanted["mode"])
 
 
+def load_scored_task(spec: dict[str, Any]) -> Any:
+    """The task of a ``problem.task`` spec, with the sandbox it asks for (an AHD task scores
+    code); bad options are a ConfigError naming ``problem``, as in an ES run."""
+    from esbox.adapters.tasks.loading import load_task
+
+    try:
+        task = load_task(spec)
+    except ValueError as exc:
+        raise ConfigError(f"problem: {exc}") from None
+    attach_sandbox(task)
+    return task
+
+
 # -- kind: llm ----------------------------------------------------------------------------------
 def _llm_normalize(problem: dict[str, Any]) -> dict[str, Any]:
     """A local model directory is saved as an absolute path, so the config runs from anywhere."""

@@ -90,16 +90,11 @@ def _check_agent(problem: dict[str, Any], grpo: dict[str, Any]) -> None:
 
 
 def problem_task(problem: dict[str, Any]) -> Any:
-    """The task of ``problem.task`` (bad options: ConfigError, as in an ES run)."""
-    from esbox.adapters.problems.llm import attach_sandbox
-    from esbox.adapters.tasks.loading import load_task
+    """The task of ``problem.task`` with its sandbox (bad options: ConfigError, as in an ES
+    run)."""
+    from esbox.adapters.problems.llm import load_scored_task
 
-    try:
-        task = load_task(problem["task"])
-    except ValueError as exc:
-        raise ConfigError(f"problem: {exc}") from None
-    attach_sandbox(task)  # an AHD task scores code: it gets the sandbox it asks for
-    return task
+    return load_scored_task(problem["task"])
 
 
 def read_grpo_config(raw: dict[str, Any]) -> GRPORun:
