@@ -118,6 +118,31 @@ def test_a_better_heuristic_scores_above_0(packing, tsp):
     assert tsp.is_correct(fenced(TWO_OPT), tsp.train[0])
 
 
+def test_valid_credit_ranks_valid_code_above_failing_code_and_by_its_cost():
+    task = BinPackingTask(train_size=1, heldout_size=0, valid_credit=0.2)
+    assert task.reward_of(13.0, 13.0) == pytest.approx(0.2)  # the reference
+    assert task.reward_of(12.0, 13.0) == pytest.approx(0.2 + 0.8 / 13)  # better: above it
+    assert task.reward_of(19.5, 13.0) == pytest.approx(0.1)  # 1.5x the reference's cost
+    assert task.reward_of(30.0, 13.0) == 0.0  # twice the cost or more: a crash's reward
+    rewards = [task.reward_of(c, 13.0) for c in (26.0, 20.0, 15.0, 13.0, 10.0, 0.0)]
+    assert rewards == sorted(rewards) and rewards[-1] == 1.0
+    default = BinPackingTask(train_size=1, heldout_size=0)
+    assert default.reward_of(15.0, 13.0) == default.reward_of(13.0, 13.0) == 0.0
+
+
+def test_with_valid_credit_a_worse_valid_heuristic_scores_between_a_crash_and_the_reference():
+    task = sandboxed(BinPackingTask(train_size=1, heldout_size=0, cpu_seconds=1, valid_credit=0.1))
+    example = task.train[0]
+    first_fit = "def priority(item, bins):\n    return [-i for i in range(len(bins))]\n"
+    reference, worse = (task.outcome(fenced(c), example) for c in (BEST_FIT, first_fit))
+    crash = task.outcome(fenced(BROKEN_PACKING["error"]), example)
+    assert reference.reward == pytest.approx(0.1) and crash.reward == 0.0
+    assert worse.error is None and worse.cost > worse.reference
+    assert 0.0 < worse.reward < reference.reward
+    assert not task.is_correct(fenced(BEST_FIT), example)  # the reference does not beat itself
+    assert task.is_correct(fenced(BETTER_PACKING), example)
+
+
 FORGED = (
     "import sys\nsys.stdout.write('\\n@@ahd-result@@ ' + repr([[0] * {n}] * {k}))\nsys.exit(0)\n"
 )
@@ -217,6 +242,8 @@ def test_the_runtime_packs_with_best_fit_and_builds_nearest_neighbour_tours():
         ({"kind": "ahd_tsp", "n_items": 10}, "n_items"),
         ({"kind": "ahd_tsp", "sandbox_mode": "none"}, "sandbox_mode"),
         ({"kind": "ahd_tsp", "sandbox": "bwrap"}, "sandbox"),
+        ({"kind": "ahd_tsp", "valid_credit": 1.0}, "valid_credit"),
+        ({"kind": "ahd_binpacking", "valid_credit": "some"}, "valid_credit"),
     ],
 )
 def test_bad_options_are_config_errors_naming_the_key(spec, key):

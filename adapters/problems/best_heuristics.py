@@ -30,22 +30,19 @@ class Candidate:
 @dataclass(frozen=True)
 class Rescored:
     """A candidate scored on every example of a split: rewards and errors, one per example,
-    and the summed cost against the reference's (cost None when any solution was invalid)."""
+    the examples on which it beats the reference, and the summed cost against the reference's
+    (cost None when any solution was invalid)."""
 
     candidate: Candidate
     rewards: list[float]
     errors: list[str | None]
+    beats: int
     cost: float | None
     reference: float
 
     @property
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
-
-    @property
-    def beats(self) -> int:
-        """Examples on which the code beats the reference (reward > 0)."""
-        return sum(r > 0.0 for r in self.rewards)
 
 
 def candidates(records: Iterable[dict[str, Any]]) -> list[Candidate]:
@@ -77,6 +74,7 @@ def rescore(task: Any, chosen: Sequence[Candidate], examples: Sequence[Any]) -> 
                 candidate,
                 [o.reward for o in outcomes],
                 [o.error for o in outcomes],
+                sum(o.cost is not None and o.cost < o.reference for o in outcomes),
                 None if any(c is None for c in costs) else float(sum(costs)),  # type: ignore[arg-type]
                 float(sum(o.reference for o in outcomes)),
             )

@@ -11,9 +11,14 @@ and a call of ``main``, which prints the solutions it built. The host checks eve
 measures its cost ``c`` (lower is better), summed over the example's instances, against the
 reference's cost ``c_ref`` on the same instances:
 
-    reward = clip((c_ref - c) / c_ref, 0, 1)        (0 when c_ref = 0)
+    g = (c_ref - c) / c_ref                          (0 when c_ref = 0)
+    reward = v + (1 - v) * min(g, 1)    if g >= 0
+             v * max(1 + g, 0)          if g < 0
 
-so the reference heuristic scores 0, and a heuristic no better than it scores 0 too. Code that
+with ``v`` the ``valid_credit`` (0 by default: the reference heuristic and any heuristic no better
+than it score 0, like a crash). With ``v > 0`` valid code scores above failing code, and worse
+code less than better: a small model that writes only valid-but-worse code still gives ES
+differences to follow. Code that
 fails (no function, an exception, the wrong return type, a time, memory or output limit, an
 invalid solution) scores 0 and is a counted error: ``errors`` and ``error_kinds`` on the task,
 ``metrics()`` as figures. The run goes on. ``is_correct`` means "beats the reference", so an
@@ -117,9 +122,17 @@ class AHDTask(Task):
         system: str | None = None,
         use_prefill: bool = False,
         test_time: bool = False,
+        valid_credit: float = 0.0,
         sandbox: Any = None,
     ) -> None:
         check_int("instances", instances, 1)
+        if isinstance(valid_credit, bool) or not isinstance(valid_credit, int | float) or not (
+            0.0 <= valid_credit < 1.0
+        ):
+            raise ConfigError(
+                f"problem.task.valid_credit must be a number in [0, 1), got {valid_credit!r}"
+            )
+        self.valid_credit = float(valid_credit)
         check_int("train_size", train_size, 1)
         check_int("heldout_size", heldout_size, 0)
         check_int("seed", seed, 0)
@@ -269,8 +282,15 @@ class AHDTask(Task):
         if any(c is None for c in costs):
             return Outcome(0.0, None, reference, "invalid solution")
         cost = float(sum(costs))
+        return Outcome(self.reward_of(cost, reference), cost, reference)
+
+    def reward_of(self, cost: float, reference: float) -> float:
+        """A valid solution's reward from its cost against the reference's (module doc)."""
         gain = (reference - cost) / reference if reference > 0 else 0.0
-        return Outcome(float(min(max(gain, 0.0), 1.0)), cost, reference)
+        credit = self.valid_credit
+        if gain >= 0.0:
+            return credit + (1.0 - credit) * min(gain, 1.0)
+        return credit * max(1.0 + gain, 0.0)
 
     def score(self, completion: str, example: Example) -> float:
         return self.outcome(completion, example).reward
@@ -278,7 +298,8 @@ class AHDTask(Task):
     def is_correct(self, completion: str, example: Example) -> bool:
         """The code beats the reference on the example's instances (not counted: an
         evaluation asks this and the reward of the same completion)."""
-        return self.outcome(completion, example, count=False).reward > 0.0
+        result = self.outcome(completion, example, count=False)
+        return result.cost is not None and result.cost < result.reference
 
     def evidence(self, top: int) -> str:
         """The ``top`` best distinct codes scored on train examples since the attempts were last
