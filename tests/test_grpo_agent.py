@@ -141,3 +141,23 @@ def test_tool_result_tokens_get_no_gradient_and_tool_use_is_logged(tiny_lm, tmp_
     assert 0 <= extra <= 1  # the model's own, with the end-of-turn token of closed answers
     report = CliRunner().invoke(cli, ["report", str(run), "-o", str(tmp_path / "r")])
     assert report.exit_code == 0 and (tmp_path / "r" / "agent.png").is_file()
+
+
+def test_rollouts_generate_with_gradient_checkpointing_on(tiny_lm, tmp_path):
+    """A checkpointed model in training mode returns no cache; the rollouts generate in eval
+    mode, and training mode is back for the loss."""
+    grpo = {"num_generations": 2, "learning_rate": 0.01, "gradient_checkpointing": True}
+    built = training(tiny_lm, tmp_path / "run", grpo=grpo)
+    trainer = built.parts.trainer
+    modes = []
+    compute_loss = trainer.compute_loss
+
+    def capture_mode(model, inputs, *args, **kwargs):
+        modes.append(model.training)
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = capture_mode
+    built.run(resume=False)
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and modes and all(modes)
+    assert trainer.model.is_gradient_checkpointing

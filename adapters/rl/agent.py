@@ -47,7 +47,13 @@ class AgentRollouts:
 
     def __call__(self, prompts: Sequence[str], trainer: Any) -> dict[str, Any]:
         batch = [self.evaluator.task.train[self.index[p]] for p in prompts]
-        trajectories = self.evaluator.run(batch, trainer.state.global_step, None)
+        model = trainer.model
+        training = model.training
+        model.eval()  # as ES rolls out: no dropout, and a checkpointed model keeps its cache
+        try:
+            trajectories = self.evaluator.run(batch, trainer.state.global_step, None)
+        finally:
+            model.train(training)
         streams = [self.stream(t) for t in trajectories]
         self.figures = summarize(trajectories)
         prompt_ids = [s[0] for s in streams]
