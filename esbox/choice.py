@@ -7,7 +7,7 @@ nevergrad's NGOpt picks its algorithm (the rule and its measurements: docs/strat
   a sample, where a d x d covariance would cost more than the function;
 * otherwise (a small budget against d, a larger d, or no pycma): esbox's ``esopt``, the best
   esbox strategy of the quality suite at budgets of d to 50 d evaluations, and on COCO's
-  bbob-largescale at 100 d at or above every peer measured.
+  bbob-largescale at 100 d above every peer at d = 80 and within 0.003 of the best at 160-320.
 
 Each runs with the vector defaults, IPOP restarts included.
 """
