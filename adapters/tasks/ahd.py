@@ -68,6 +68,13 @@ def check_positive(key: str, value: Any) -> float:
     return float(value)
 
 
+def check_fraction(key: str, value: Any) -> float:
+    """``value`` as a number in [0, 1), else a ConfigError naming ``problem.task.<key>``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(f"problem.task.{key} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
 def extract_code(text: str, function: str) -> str | None:
     """The last fenced block of ``text`` that defines ``function``, else the text from its def."""
     definition = re.compile(rf"^def[ \t]+{re.escape(function)}[ \t]*\(", re.MULTILINE)
@@ -126,13 +133,7 @@ class AHDTask(Task):
         sandbox: Any = None,
     ) -> None:
         check_int("instances", instances, 1)
-        if isinstance(valid_credit, bool) or not isinstance(valid_credit, int | float) or not (
-            0.0 <= valid_credit < 1.0
-        ):
-            raise ConfigError(
-                f"problem.task.valid_credit must be a number in [0, 1), got {valid_credit!r}"
-            )
-        self.valid_credit = float(valid_credit)
+        self.valid_credit = check_fraction("valid_credit", valid_credit)
         check_int("train_size", train_size, 1)
         check_int("heldout_size", heldout_size, 0)
         check_int("seed", seed, 0)
