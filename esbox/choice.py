@@ -5,9 +5,12 @@ nevergrad's NGOpt picks its algorithm (the rule and its measurements: docs/strat
   pycma) — it learns a full covariance, which pays once the budget is large against d;
 * d <= ``SEP_CMA_MAX`` with that budget: sep-CMA-ES (``cma`` with ``diagonal: true``), O(d)
   a sample, where a d x d covariance would cost more than the function;
-* otherwise (a small budget against d, a larger d, or no pycma): esbox's ``esopt``, the best
-  esbox strategy of the quality suite at budgets of d to 50 d evaluations, and on COCO's
-  bbob-largescale at 100 d above every peer at d = 80 and within 0.003 of the best at 160-320.
+* otherwise (a small budget against d, a larger d, or no pycma): esbox's ES. ``openai_es`` where
+  d > ``OPENAI_ES_MIN_DIMENSION`` and the budget is at least ``OPENAI_ES_MIN_BUDGET`` d (on
+  COCO's bbob-largescale instances 1-3 at 100 d it is at or above every peer at d = 80, 160
+  and 320, where ``esopt`` is one or two triples below at 160 and 320); else ``esopt``, the best
+  esbox strategy of the quality suite at budgets of d to 50 d evaluations and the best of all at
+  d = 80 on bbob-largescale.
 
 Each runs with the vector defaults, IPOP restarts included.
 """
@@ -20,6 +23,8 @@ from typing import Any
 FULL_CMA_MAX = 1000
 SEP_CMA_MAX = 10_000
 CMA_MIN_BUDGET = 1000  # evaluations per dimension (COCO: below it ES is at least as good)
+OPENAI_ES_MIN_DIMENSION = 100  # chosen on bbob-largescale instances 1-3, between d = 80 and 160
+OPENAI_ES_MIN_BUDGET = 100  # evaluations per dimension: the budget that choice was measured at
 
 
 def has_pycma() -> bool:
@@ -37,4 +42,7 @@ def choose_strategy(
         return "cma", {}, "auto: cma"
     if pycma and room and dimension <= SEP_CMA_MAX:
         return "cma", {"diagonal": True}, "auto: cma (diagonal)"
+    long = max_evaluations is None or max_evaluations >= OPENAI_ES_MIN_BUDGET * dimension
+    if dimension > OPENAI_ES_MIN_DIMENSION and long:
+        return "openai_es", {}, "auto: openai_es"
     return "esopt", {}, "auto: esopt"

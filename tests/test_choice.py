@@ -11,7 +11,14 @@ pytest.importorskip("cma")
 
 import esbox
 from esbox.adapters.functions import get_function
-from esbox.choice import CMA_MIN_BUDGET, FULL_CMA_MAX, SEP_CMA_MAX, choose_strategy
+from esbox.choice import (
+    CMA_MIN_BUDGET,
+    FULL_CMA_MAX,
+    OPENAI_ES_MIN_BUDGET,
+    OPENAI_ES_MIN_DIMENSION,
+    SEP_CMA_MAX,
+    choose_strategy,
+)
 from esbox.errors import ConfigError
 
 
@@ -22,8 +29,13 @@ def test_the_rule_picks_by_dimension_and_budget() -> None:
     assert choose_strategy(FULL_CMA_MAX, CMA_MIN_BUDGET * FULL_CMA_MAX, pycma=True)[1] == {}
     sep = choose_strategy(FULL_CMA_MAX + 1, 10**7, pycma=True)
     assert sep == ("cma", {"diagonal": True}, "auto: cma (diagonal)")
-    assert choose_strategy(SEP_CMA_MAX + 1, 10**9, pycma=True)[0] == "esopt"
+    assert choose_strategy(SEP_CMA_MAX + 1, 10**9, pycma=True)[0] == "openai_es"
     assert choose_strategy(10, 20_000, pycma=False) == ("esopt", {}, "auto: esopt")
+    large = OPENAI_ES_MIN_DIMENSION + 1
+    long = OPENAI_ES_MIN_BUDGET * large
+    assert choose_strategy(large, long, pycma=True) == ("openai_es", {}, "auto: openai_es")
+    assert choose_strategy(large, long - 1, pycma=True)[0] == "esopt"  # a short budget
+    assert choose_strategy(OPENAI_ES_MIN_DIMENSION, 10**6, pycma=False)[0] == "esopt"
 
 
 def test_optimize_without_a_strategy_names_its_pick() -> None:
