@@ -77,6 +77,23 @@ def test_each_horizon_has_that_many_dependent_steps_and_the_right_answer(branchi
             assert all("if the result is even" in question(e) for e in task.train)
 
 
+def test_progress_credit_pays_for_intermediate_results_but_success_stays_the_final_number():
+    task = ToolChainTask(horizon=4, train_size=3, heldout_size=0, progress_credit=0.5)
+    example = task.train[0]
+    values = example.meta["values"]
+    assert task.reward(f"<answer>{values[-1]}</answer>", example) == 1.0
+    assert task.reward(f"<answer>{values[2]}</answer>", example) == 0.5 * 2 / 4
+    assert task.reward(f"<tool_response>\n{values[3]}\n</tool_response>", example) == 0.5 * 3 / 4
+    for text in (f"<answer>{values[0]}</answer>", "<answer>12345678</answer>", ""):
+        assert task.reward(text, example) == 0.0  # the start value is in the question
+    assert not task.is_correct(f"<answer>{values[3]}</answer>", example)
+    plain = ToolChainTask(horizon=4, train_size=3, heldout_size=0)
+    assert plain.reward(f"<answer>{values[3]}</answer>", plain.train[0]) == 0.0  # off by default
+    for bad in (1.0, -0.1, "0.5"):
+        with pytest.raises(ConfigError, match=r"problem\.task\.progress_credit .*\[0, 1\)"):
+            load_task({"kind": "tool_chain", "progress_credit": bad})
+
+
 @pytest.mark.parametrize("horizon", [0, 9, 2.5, True])
 def test_a_horizon_out_of_range_names_the_key_and_the_range(horizon):
     with pytest.raises(ConfigError, match=r"problem\.task\.horizon .*\[1, 8\]"):

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .ahd import AHDTask, check_int, check_positive
+from .ahd import AHDTask
+from .checks import check_int, check_positive
 
 SIGNATURE = '''Online bin packing: items arrive one at a time and each must be packed at once into
 a bin of capacity {capacity}. Write the Python function

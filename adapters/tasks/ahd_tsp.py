@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .ahd import AHDTask, check_int
+from .ahd import AHDTask
+from .checks import check_int
 
 SIGNATURE = '''Travelling salesman tour construction: a tour of n cities in the unit square starts
 at city 0 and is built one city at a time, then returns to city 0. Write the Python function

@@ -6,7 +6,10 @@ Each step multiplies by a small number, adds or subtracts a 3-4-digit one (numbe
 model gets wrong by heart). With ``branching`` every step after the first depends on the
 parity of the result so far ("if it is even, add 512, else subtract 77"), which no single
 expression can fold: the model must read each result before the next call. The reward is 1 for
-the exact final number (the last ``<answer>``'s text, else the completion).
+the exact final number (the last ``<answer>``'s text, else the completion); with
+``progress_credit`` c > 0 an answer equal to the k-th intermediate result x_k (0 < k < h) earns
+c·k/h instead of 0 — a shaped reward that gives ES and GRPO differences to follow on chains
+the base model never finishes, while success (``is_correct``) stays the exact final number.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from esbox.errors import ConfigError
 
 from .answers import fallback_match
 from .base import Example, Task, make_prompt
+from .checks import check_fraction
 from .tool_math import _plain_number, answer_text
 
 MAX_HORIZON = 8
@@ -71,7 +75,9 @@ class ToolChainTask(Task):
         chat: bool = True,
         system: str | None = None,
         instruction: str = INSTRUCTION,
+        progress_credit: float = 0.0,
     ) -> None:
+        self.progress_credit = check_fraction("progress_credit", progress_credit)
         if isinstance(horizon, bool) or not isinstance(horizon, int):
             raise ConfigError(f"problem.task.horizon must be an integer in [1, {MAX_HORIZON}]")
         if not 1 <= horizon <= MAX_HORIZON:
@@ -95,8 +101,21 @@ class ToolChainTask(Task):
         super().__init__(examples[heldout_size:], examples[:heldout_size])
 
     def score(self, completion: str, example: Example) -> float:
+        return float(_matches(answer_text(completion), example.answer))
+
+    def reward(self, completion: str, example: Example) -> float:
+        """1 for the final number; ``progress_credit`` · k/h for the furthest intermediate x_k."""
+        if self.score(completion, example) >= 1.0 or not self.progress_credit:
+            return self.score(completion, example)
         text = answer_text(completion)
-        number = _plain_number(text)
-        if number is not None:
-            return float(number == Decimal(example.answer))
-        return float(fallback_match(text, example.answer))
+        values = example.meta["values"]
+        reached = [k for k in range(1, len(values) - 1) if _matches(text, str(values[k]))]
+        return self.progress_credit * max(reached, default=0) / (len(values) - 1)
+
+
+def _matches(text: str, answer: str) -> bool:
+    """Whether an answer's text is the number ``answer`` (exactly, when it is a plain number)."""
+    number = _plain_number(text)
+    if number is not None:
+        return number == Decimal(answer)
+    return bool(fallback_match(text, answer))
