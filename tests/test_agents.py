@@ -310,6 +310,8 @@ def test_trajectories_prints_a_logged_conversation(tiny_lm, tmp_path):
     assert "-- user" in shown.output and "calculator" in shown.output  # the tool prompt
     missing = CliRunner().invoke(cli, ["trajectories", str(tmp_path / "run"), "--step", "9"])
     assert missing.exit_code == 2 and "logged: steps 0..1" in missing.output
+    indexed = CliRunner().invoke(cli, ["trajectories", str(tmp_path / "run"), "--index", "0"])
+    assert indexed.exit_code == 2 and "--step and --member" in indexed.output
     nothing = CliRunner().invoke(cli, ["trajectories", str(tmp_path)])
     assert nothing.exit_code == 2 and "problem.agent" in nothing.output
 

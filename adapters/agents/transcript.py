@@ -8,7 +8,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-_FIGURES = ("turns", "tokens", "calls", "valid_calls", "tool_errors", "stop", "reward")
+_FIGURES = (
+    "turns", "tokens", "calls", "valid_calls", "tool_errors", "stop", "reward", "correct"
+)  # fmt: skip
 
 
 def read_trajectories(path: str | Path) -> list[dict[str, Any]]:
@@ -52,9 +54,13 @@ def format_trajectory(record: dict[str, Any]) -> str:
     if is_heuristic(record):
         return _format_heuristic(record)
     figures = ", ".join(f"{k} {record[k]}" for k in _FIGURES if k in record)
+    where = (
+        f"step {record.get('step')} member {record.get('member')}"
+        if "step" in record
+        else f"question {record.get('index')} sample {record.get('sample')}"
+    )
     lines = [
-        f"== step {record.get('step')} member {record.get('member')}: gold {record.get('gold')!r}, "
-        f"final {record.get('final')!r}",
+        f"== {where}: gold {record.get('gold')!r}, final {record.get('final')!r}",
         f"   {figures}",
     ]
     lines += [f"   protocol error: {error}" for error in record.get("errors", [])]
