@@ -105,8 +105,9 @@ class ToolChainTask(Task):
 
     def reward(self, completion: str, example: Example) -> float:
         """1 for the final number; ``progress_credit`` · k/h for the furthest intermediate x_k."""
-        if self.score(completion, example) >= 1.0 or not self.progress_credit:
-            return self.score(completion, example)
+        full = self.score(completion, example)
+        if full >= 1.0 or not self.progress_credit:
+            return full
         text = answer_text(completion)
         values = example.meta["values"]
         reached = [k for k in range(1, len(values) - 1) if _matches(text, str(values[k]))]
