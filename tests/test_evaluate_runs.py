@@ -245,7 +245,8 @@ def test_agent_runs_report_tool_use_and_write_each_models_trajectories(two_runs,
     assert alone.read_text() == (trajectories / "agent-copes.jsonl").read_text()
     shown = invoke("trajectories", alone, "--index", 1)  # the held-out conversation, readable
     assert shown.exit_code == 0, shown.output
-    assert shown.output.startswith("== question 1 sample 0: gold ") and "-- tool\n42\n" in shown.output
+    assert shown.output.startswith("== question 1 sample 0: gold ")
+    assert "-- tool\n42\n" in shown.output
     assert f"correct {lines[1]['correct']}" in shown.output and "question 0" not in shown.output
     missing = invoke("trajectories", alone, "--index", 7)
     assert missing.exit_code == 2 and "(logged: questions 0..2)" in missing.output
