@@ -8,7 +8,8 @@ nevergrad's NGOpt picks its algorithm (the rule and its measurements: docs/strat
 * otherwise (a small budget against d, a larger d, or no pycma): esbox's ES. ``openai_es`` where
   d > ``OPENAI_ES_MIN_DIMENSION`` and the budget is at least ``OPENAI_ES_MIN_BUDGET`` d (on
   COCO's bbob-largescale instances 1-3 at 100 d it is at or above every peer at d = 80, 160
-  and 320, where ``esopt`` is one or two triples below at 160 and 320); else ``esopt``, the best
+  and 320, where ``esopt`` is one or two triples below at 160 and 320; on the held-out instances
+  4-6 above every peer at 160 and one triple below pycma IPOP at 320); else ``esopt``, the best
   esbox strategy of the quality suite at budgets of d to 50 d evaluations and the best of all at
   d = 80 on bbob-largescale.
 
