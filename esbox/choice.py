@@ -38,12 +38,17 @@ def choose_strategy(
     """(strategy, its options, the strategy as ``Result.strategy`` shows it) for a
     ``dimension``-d vector and a budget of ``max_evaluations`` (None: unlimited)."""
     pycma = has_pycma() if pycma is None else pycma
-    room = max_evaluations is None or max_evaluations >= CMA_MIN_BUDGET * dimension
+    room = _at_least(max_evaluations, CMA_MIN_BUDGET * dimension)
     if pycma and room and dimension <= FULL_CMA_MAX:
         return "cma", {}, "auto: cma"
     if pycma and room and dimension <= SEP_CMA_MAX:
         return "cma", {"diagonal": True}, "auto: cma (diagonal)"
-    long = max_evaluations is None or max_evaluations >= OPENAI_ES_MIN_BUDGET * dimension
+    long = _at_least(max_evaluations, OPENAI_ES_MIN_BUDGET * dimension)
     if dimension > OPENAI_ES_MIN_DIMENSION and long:
         return "openai_es", {}, "auto: openai_es"
     return "esopt", {}, "auto: esopt"
+
+
+def _at_least(max_evaluations: int | None, evaluations: int) -> bool:
+    """Whether a budget (None: unlimited) allows ``evaluations``."""
+    return max_evaluations is None or max_evaluations >= evaluations
